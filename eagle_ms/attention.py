@@ -1,0 +1,104 @@
+"""Attention backends over the static KV cache, with one mask source.
+
+The single mask source is a bool tensor ``allowed [B, N, S]`` (True = query row may attend to cache
+slot), built on the host by ``eagle_ms.tree.verify_attention_mask`` (tree verify) or
+``eagle_ms.generate.causal_chunk_mask`` (prefill / decode). A backend converts it ONCE per forward at
+the op boundary (``prepare_mask``) and every layer then calls ``attend`` with the converted mask:
+
+* ``EagerAttention``: matmul + softmax on any device; additive fp32 mask (0 keep / -1e30 drop).
+* ``FusedAttention``: Ascend ``ops.flash_attention_score`` (layout BNSD, GQA through ``head_num``,
+  ``scalar_value`` = 1/sqrt(head_dim)); its mask is uint8 with **1 = discard**, shape [B, 1, N, S].
+  The fused op only exists on Ascend (Atlas A2); on CPU its wiring is tested by patching a NumPy
+  emulation of the documented semantics in place of the op (tests/test_attention_backends.py).
+
+Rows whose ``allowed`` row is empty cannot occur: callers keep every row open on at least itself.
+"""
+from __future__ import annotations
+
+import os
+
+import mindspore as ms
+from mindspore import nn, ops
+
+NEG_INF = -1e30  # additive mask value; softmax is computed in fp32 so this underflows to exactly 0
+
+ENV_FORCE_EAGER = "EAGLE_MS_FORCE_EAGER_ATTN"  # "1": eager attention everywhere
+ENV_DISABLE_FUSED_TREE = "EAGLE_MS_DISABLE_FUSED_TREE"  # "1": eager attention for tree verify graphs
+
+
+class EagerAttention(nn.Cell):
+    """Scaled dot-product attention with GQA by head grouping (no K/V repetition).
+
+    Query head ``h`` uses KV head ``h // (num_heads // num_kv_heads)`` (the HF ``repeat_kv`` convention).
+    """
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int):
+        super().__init__()
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.groups = num_heads // num_kv_heads
+        self.scale = 1.0 / (head_dim ** 0.5)
+        self.head_dim = head_dim
+
+    def prepare_mask(self, allowed):
+        """allowed [B, N, S] bool -> additive fp32 mask [B, 1, 1, N, S] (0 keep, NEG_INF drop)."""
+        keep = allowed.astype(ms.float32)
+        additive = (1.0 - keep) * NEG_INF
+        return additive.expand_dims(1).expand_dims(1)
+
+    def construct(self, q, k, v, mask):
+        """q [B, Hq, N, D]; k, v [B, Hkv, S, D]; mask from prepare_mask -> out [B, N, Hq*D]."""
+        b, _, n, d = q.shape
+        s = k.shape[2]
+        qg = q.reshape(b, self.num_kv_heads, self.groups * n, d)  # [B, Hkv, G*N, D]
+        scores = ops.matmul(qg, k.swapaxes(-1, -2)).astype(ms.float32) * self.scale  # [B, Hkv, G*N, S]
+        scores = scores.reshape(b, self.num_kv_heads, self.groups, n, s) + mask
+        probs = ops.softmax(scores, axis=-1).astype(v.dtype)
+        probs = probs.reshape(b, self.num_kv_heads, self.groups * n, s)
+        out = ops.matmul(probs, v)  # [B, Hkv, G*N, D]
+        out = out.reshape(b, self.num_heads, n, d).swapaxes(1, 2)  # [B, N, Hq, D]
+        return out.reshape(b, n, self.num_heads * d)
+
+
+class FusedAttention(nn.Cell):
+    """Ascend FlashAttentionScore with an explicit [B, 1, N, S] discard mask (sparse_mode 0)."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int):
+        super().__init__()
+        self.num_heads = num_heads
+        self.scale = 1.0 / (head_dim ** 0.5)
+
+    def prepare_mask(self, allowed):
+        """allowed [B, N, S] bool -> uint8 [B, 1, N, S] with 1 = discard (FlashAttentionScore convention)."""
+        return ops.logical_not(allowed).astype(ms.uint8).expand_dims(1)
+
+    def construct(self, q, k, v, mask):
+        """q [B, Hq, N, D]; k, v [B, Hkv, S, D] -> out [B, N, Hq*D]."""
+        b, _, n, d = q.shape
+        out = ops.flash_attention_score(q, k, v, self.num_heads, attn_mask=mask, scalar_value=self.scale,
+                                        input_layout="BNSD")  # [B, Hq, N, D]
+        return out.swapaxes(1, 2).reshape(b, n, self.num_heads * d)
+
+
+def choose_backend(mode: str, device: str, tree: bool = False) -> str:
+    """'eager' or 'fused' for a graph, by decode mode, device and the documented env overrides.
+
+    reference mode is always eager; performance mode is fused only where the device has the op (Ascend).
+    ``EAGLE_MS_FORCE_EAGER_ATTN=1`` forces eager; ``EAGLE_MS_DISABLE_FUSED_TREE=1`` forces eager for
+    tree-verify graphs only.
+    """
+    if os.environ.get(ENV_FORCE_EAGER) == "1":
+        return "eager"
+    if tree and os.environ.get(ENV_DISABLE_FUSED_TREE) == "1":
+        return "eager"
+    if mode == "performance" and device == "Ascend":
+        return "fused"
+    return "eager"
+
+
+def make_attention(backend: str, num_heads: int, num_kv_heads: int, head_dim: int) -> nn.Cell:
+    if backend == "eager":
+        return EagerAttention(num_heads, num_kv_heads, head_dim)
+    if backend == "fused":
+        return FusedAttention(num_heads, num_kv_heads, head_dim)
+    raise ValueError(f"attention backend {backend!r}: must be 'eager' or 'fused'")

@@ -1,0 +1,357 @@
+"""Typed, frozen configuration; MindFormers-style YAML is its serialised form.
+
+A YAML file is read with ``mindformers.MindFormerConfig`` (so ``base_config`` inheritance works as
+MindFormers users expect) and turned into the frozen dataclasses below. Every field is validated; a bad
+value raises ``ValueError`` naming the dotted key and the value. Unknown keys inside our sections raise
+too (a typo must not be silently ignored). Every key is documented in ``configs/README.md``.
+
+Sections (top level of the YAML):
+  model.model_config   -> ModelConfig     (teacher architecture; openPangu / HF field names)
+  model.checkpoint     -> str | None      (HF-layout safetensors dir or file; None = seeded random init)
+  tokenizer            -> TokenizerConfig
+  runtime              -> RuntimeConfig   (device, graph/pynative, static shapes)
+  generation           -> GenerationConfig
+  speculative          -> SpeculativeConfig
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping
+
+COMPUTE_DTYPES = ("float32", "float16", "bfloat16")
+DEVICES = ("CPU", "Ascend", "GPU")
+EXEC_MODES = ("graph", "pynative")
+DECODE_MODES = ("reference", "performance")
+DRAFTS = ("none", "test", "eagle3")
+
+
+def _fail(key: str, value: Any, why: str) -> None:
+    raise ValueError(f"config key '{key}' = {value!r}: {why}")
+
+
+def _check_int(key: str, value: Any, minimum: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        _fail(key, value, "must be an integer")
+    if minimum is not None and value < minimum:
+        _fail(key, value, f"must be >= {minimum}")
+
+
+def _check_choice(key: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        _fail(key, value, f"must be one of {list(choices)}")
+
+
+def _check_float(key: str, value: Any, positive: bool = True) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        _fail(key, value, "must be a number")
+    if positive and not value > 0:
+        _fail(key, value, "must be > 0")
+
+
+def _build(cls, data: Mapping[str, Any] | None, prefix: str):
+    """Build dataclass ``cls`` from ``data``; unknown keys raise naming ``prefix.key``."""
+    data = dict(data or {})
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        _fail(f"{prefix}.{unknown[0]}", data[unknown[0]], f"unknown key (known: {sorted(names)})")
+    try:
+        return cls(**data)
+    except TypeError as exc:  # a required field is missing
+        raise ValueError(f"config section '{prefix}': {exc}") from None
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Pangu (openPangu-Embedded, Llama-like) teacher architecture. Field names follow the HF config.json."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int | None = None  # None -> hidden_size // num_attention_heads
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    bias: bool = True  # q/k/v/o projection bias (openPangu: true)
+    tie_word_embeddings: bool = False
+    compute_dtype: str = "float32"
+    aux_layer_ids: tuple[int, int, int] | None = None  # None -> (2, L//2, L-3)
+    max_position_embeddings: int = 32768
+    bos_token_id: int = 1
+    eos_token_id: int = 2
+    pad_token_id: int = 0
+
+    def __post_init__(self):
+        p = "model.model_config"
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "max_position_embeddings"):
+            _check_int(f"{p}.{name}", getattr(self, name), 1)
+        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            _check_int(f"{p}.{name}", getattr(self, name), 0)
+            if getattr(self, name) >= self.vocab_size:
+                _fail(f"{p}.{name}", getattr(self, name), f"must be < vocab_size {self.vocab_size}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            _fail(f"{p}.num_key_value_heads", self.num_key_value_heads,
+                  f"must divide num_attention_heads {self.num_attention_heads}")
+        if self.head_dim is None:
+            if self.hidden_size % self.num_attention_heads:
+                _fail(f"{p}.hidden_size", self.hidden_size,
+                      f"must be divisible by num_attention_heads {self.num_attention_heads}")
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        _check_int(f"{p}.head_dim", self.head_dim, 2)
+        if self.head_dim % 2:
+            _fail(f"{p}.head_dim", self.head_dim, "must be even (rotary embedding)")
+        _check_float(f"{p}.rope_theta", self.rope_theta)
+        _check_float(f"{p}.rms_norm_eps", self.rms_norm_eps)
+        for name in ("bias", "tie_word_embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                _fail(f"{p}.{name}", getattr(self, name), "must be true or false")
+        _check_choice(f"{p}.compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
+        object.__setattr__(self, "aux_layer_ids", self._resolve_aux_layers())
+
+    def _resolve_aux_layers(self) -> tuple[int, int, int]:
+        """EAGLE-3 convention: hidden states *entering* layers (2, L//2, L-3); clamped for small L."""
+        n = self.num_hidden_layers
+        ids = self.aux_layer_ids
+        if ids is None:
+            if n < 3:
+                _fail("model.model_config.num_hidden_layers", n,
+                      "EAGLE-3 needs 3 distinct aux layers: use >= 3 layers or set aux_layer_ids")
+            ids = (2, n // 2, n - 3)
+            if not ids[0] < ids[1] < ids[2]:  # too few layers for the standard choice (n < 7)
+                ids = (0, n // 2, n - 1)
+        ids = tuple(ids)
+        if len(ids) != 3 or any(not isinstance(i, int) or not 0 <= i < n for i in ids):
+            _fail("model.model_config.aux_layer_ids", self.aux_layer_ids,
+                  f"must be 3 layer indices in [0, {n})")
+        if not ids[0] < ids[1] < ids[2]:
+            _fail("model.model_config.aux_layer_ids", ids, "must be strictly increasing (low, mid, high)")
+        return ids
+
+    @property
+    def num_kv_groups(self) -> int:
+        return self.num_attention_heads // self.num_key_value_heads
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    """SentencePiece model file and chat template (a built-in name or a dict, see eagle_ms.tokenizer)."""
+
+    model_file: str | None = None
+    chat_template: Any = "openpangu"
+
+    def __post_init__(self):
+        if self.model_file is not None and not isinstance(self.model_file, str):
+            _fail("tokenizer.model_file", self.model_file, "must be a path string or null")
+        if not isinstance(self.chat_template, (str, dict)):
+            _fail("tokenizer.chat_template", self.chat_template, "must be a template name or a mapping")
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Execution: device, MindSpore mode, and the static shapes every graph is compiled for."""
+
+    device_target: str = "CPU"
+    exec_mode: str = "graph"  # graph = GRAPH_MODE (compiled once per shape), pynative = eager
+    seq_length: int = 512  # S_max: static KV-cache capacity (prompt + generated + one draft tree)
+    batch_size: int = 1
+    prefill_chunk: int = 64  # prompts are prefilled in chunks of this many tokens (one compiled graph)
+    seed: int = 0
+
+    def __post_init__(self):
+        _check_choice("runtime.device_target", self.device_target, DEVICES)
+        _check_choice("runtime.exec_mode", self.exec_mode, EXEC_MODES)
+        _check_int("runtime.seq_length", self.seq_length, 2)
+        _check_int("runtime.batch_size", self.batch_size, 1)
+        _check_int("runtime.prefill_chunk", self.prefill_chunk, 1)
+        _check_int("runtime.seed", self.seed, 0)
+        if self.prefill_chunk > self.seq_length:
+            _fail("runtime.prefill_chunk", self.prefill_chunk, f"must be <= seq_length {self.seq_length}")
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """Decoding limits (greedy)."""
+
+    max_new_tokens: int = 64
+    stop_on_eos: bool = True
+
+    def __post_init__(self):
+        _check_int("generation.max_new_tokens", self.max_new_tokens, 1)
+        if not isinstance(self.stop_on_eos, bool):
+            _fail("generation.stop_on_eos", self.stop_on_eos, "must be true or false")
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Draft and tree budget. ``draft: none`` is teacher-only greedy decoding."""
+
+    draft: str = "none"
+    draft_path: str | None = None
+    budget: int = 16  # M: non-root draft nodes verified per step
+    max_depth: int = 10  # Dmax
+    top_k: int = 4
+    mode: str = "performance"  # reference | performance (env EAGLE_MS_MODE overrides)
+    draft_window: int | None = None  # keep only the last W tokens of draft context (None = full)
+    test_draft_error_rate: float = 0.3  # test drafter: chance a draft token is corrupted
+    test_draft_branching: int = 2  # test drafter: max children per node
+
+    def __post_init__(self):
+        _check_choice("speculative.draft", self.draft, DRAFTS)
+        _check_choice("speculative.mode", self.mode, DECODE_MODES)
+        _check_int("speculative.budget", self.budget, 1)
+        _check_int("speculative.max_depth", self.max_depth, 1)
+        _check_int("speculative.top_k", self.top_k, 1)
+        _check_int("speculative.test_draft_branching", self.test_draft_branching, 1)
+        if self.draft_window is not None:
+            _check_int("speculative.draft_window", self.draft_window, 1)
+        if not isinstance(self.test_draft_error_rate, (int, float)) or not 0 <= self.test_draft_error_rate <= 1:
+            _fail("speculative.test_draft_error_rate", self.test_draft_error_rate, "must be in [0, 1]")
+        if self.draft == "eagle3" and not self.draft_path:
+            _fail("speculative.draft_path", self.draft_path, "is required when draft is eagle3")
+
+
+@dataclass(frozen=True)
+class EagleMsConfig:
+    """The whole run configuration."""
+
+    model: ModelConfig
+    checkpoint: str | None = None
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    source: str | None = None  # the YAML file this came from (for manifests)
+
+    def replace(self, section: str, **changes) -> "EagleMsConfig":
+        """A copy with fields of one section changed (validated again)."""
+        return dataclasses.replace(self, **{section: dataclasses.replace(getattr(self, section), **changes)})
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        return {
+            "model": {"model_config": d["model"], "checkpoint": d["checkpoint"]},
+            "tokenizer": d["tokenizer"], "runtime": d["runtime"],
+            "generation": d["generation"], "speculative": d["speculative"],
+        }
+
+
+def config_from_dict(data: Mapping[str, Any], source: str | None = None) -> EagleMsConfig:
+    """Validate a plain dict (the YAML layout above) into an ``EagleMsConfig``."""
+    model_section = dict(data.get("model") or {})
+    if "model_config" not in model_section:
+        _fail("model.model_config", None, "section is required")
+    mc = dict(model_section.pop("model_config") or {})
+    mc.pop("type", None)  # MindFormers-style class tag, informational
+    if isinstance(mc.get("aux_layer_ids"), list):
+        mc["aux_layer_ids"] = tuple(mc["aux_layer_ids"])
+    checkpoint = model_section.pop("checkpoint", None)
+    model_section.pop("arch", None)
+    if model_section:
+        key = sorted(model_section)[0]
+        _fail(f"model.{key}", model_section[key], "unknown key (known: model_config, checkpoint, arch)")
+    if source and checkpoint and not os.path.isabs(checkpoint):
+        checkpoint = _resolve_relative(checkpoint, source)
+    tok = dict(data.get("tokenizer") or {})
+    if source and tok.get("model_file") and not os.path.isabs(tok["model_file"]):
+        tok["model_file"] = _resolve_relative(tok["model_file"], source)
+    spec = dict(data.get("speculative") or {})
+    if source and spec.get("draft_path") and not os.path.isabs(spec["draft_path"]):
+        spec["draft_path"] = _resolve_relative(spec["draft_path"], source)
+    return EagleMsConfig(
+        model=_build(ModelConfig, mc, "model.model_config"),
+        checkpoint=checkpoint,
+        tokenizer=_build(TokenizerConfig, tok, "tokenizer"),
+        runtime=_build(RuntimeConfig, data.get("runtime"), "runtime"),
+        generation=_build(GenerationConfig, data.get("generation"), "generation"),
+        speculative=_build(SpeculativeConfig, spec, "speculative"),
+        source=source,
+    )
+
+
+def _resolve_relative(path: str, source: str) -> str:
+    """Paths in a YAML are relative to the repository/package root the YAML lives under, else to the YAML."""
+    base = os.path.dirname(os.path.abspath(source))
+    for root in (os.path.dirname(base), base):
+        candidate = os.path.join(root, path)
+        if os.path.exists(candidate):
+            return candidate
+    return os.path.join(os.path.dirname(base), path)
+
+
+def load_config(path: str, overrides: Mapping[str, Any] | None = None) -> EagleMsConfig:
+    """Read a MindFormers-style YAML (``base_config`` inheritance supported) and validate it.
+
+    ``overrides`` maps dotted keys to values, e.g. ``{"speculative.budget": 32}``, as MindFormers'
+    ``merge_from_dict`` does.
+    """
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"config file not found: {path}")
+    from mindformers.tools.register.config import MindFormerConfig  # heavy import, only when reading YAML
+
+    try:
+        cfg = MindFormerConfig(path)
+    except Exception as exc:  # yaml or inheritance errors: say which file
+        raise ValueError(f"cannot read config {path}: {exc}") from exc
+    if overrides:
+        cfg.merge_from_dict(dict(overrides))
+    return config_from_dict(cfg.to_dict(), source=path)
+
+
+def model_config_from_hf(path: str, **extra) -> ModelConfig:
+    """Read an HF/openPangu ``config.json`` (a file or a directory holding one) into a ModelConfig.
+
+    Only architecture fields are taken; ``compute_dtype`` etc. come from ``extra``.
+    """
+    if os.path.isdir(path):
+        path = os.path.join(path, "config.json")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            raw = json.load(fh)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"model config.json not found: {path}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON: {exc}") from None
+    known = {f.name for f in fields(ModelConfig)}
+    data = {k: v for k, v in raw.items() if k in known}
+    if "bias" not in raw and "attention_bias" in raw:  # Llama spelling
+        data["bias"] = bool(raw["attention_bias"])
+    eos = data.get("eos_token_id")
+    if isinstance(eos, list):
+        data["eos_token_id"] = eos[0]
+    ids = raw.get("eagle_aux_hidden_state_layer_ids")
+    if ids is not None:
+        data["aux_layer_ids"] = tuple(ids)
+    data.update(extra)
+    return _build(ModelConfig, data, f"{path}")
+
+
+def model_config_to_hf(cfg: ModelConfig) -> dict:
+    """The HF/openPangu ``config.json`` dict for this architecture."""
+    return {
+        "architectures": ["PanguEmbeddedForCausalLM"],
+        "model_type": "PanguEmbedded",
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_hidden_layers,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "rope_theta": cfg.rope_theta,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "hidden_act": "silu",
+        "bias": cfg.bias,
+        "tie_word_embeddings": cfg.tie_word_embeddings,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "bos_token_id": cfg.bos_token_id,
+        "eos_token_id": cfg.eos_token_id,
+        "pad_token_id": cfg.pad_token_id,
+        "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
+        "torch_dtype": cfg.compute_dtype,
+    }

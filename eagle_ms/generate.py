@@ -1,0 +1,188 @@
+"""The one generation loop: prefill, then draft -> tensorize -> verify -> accept -> commit.
+
+Teacher-only greedy decoding is this same loop with no drafter: the "tree" is the root alone
+(budget 0, N = 1), so verify is a one-token decode and the accepted path is just the bonus token.
+
+Step contract (batch 1). Before a step the teacher cache holds the committed prefix [0, L) and ``root``
+is the last chosen token, not yet in the cache. A step
+  1. asks the drafter for a DraftTree rooted at ``root`` (or uses the empty tree),
+  2. tensorises it at committed length L (fixed N = budget + 1),
+  3. verifies all N nodes in one teacher forward (slots [L, L+N), prefix untouched),
+  4. greedily accepts the longest matching root-to-leaf path plus one bonus token,
+  5. commits the accepted nodes' K/V to [L, L+A+1) and emits the A drafts + the bonus token.
+Stops: EOS (emitted, then stop), ``max_new_tokens``, or KV capacity. Near capacity the loop falls back to
+N = 1 steps so speculative output stops exactly where teacher-only output would.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from eagle_ms.teacher import TeacherOutput, TeacherRunner
+from eagle_ms.tree import DraftTree, TreeTensors, check_invariants, tensorize
+from eagle_ms.verify import AcceptResult, greedy_accept
+
+STAGES = ("prefill", "draft", "tensorize", "verify", "accept", "commit", "observe")
+
+
+class Drafter(Protocol):
+    """What the loop needs from a draft model (EAGLE-3, the test drafter, ...)."""
+
+    def begin(self, prompt_ids: np.ndarray, prompt_aux: np.ndarray, root: int) -> None:
+        """Prompt tokens [P], the teacher aux features of the prompt [P, 3H], the first chosen token."""
+
+    def propose(self, root: int) -> DraftTree:
+        """A tree rooted at ``root`` with at most ``budget`` nodes and depth <= ``max_depth``."""
+
+    def observe(self, committed: np.ndarray, aux: np.ndarray, next_root: int) -> None:
+        """The tokens just committed [A+1] (root first), their teacher aux features [A+1, 3H], the bonus."""
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """Budget (M), depth bound (Dmax), limits and checks of one generation."""
+
+    budget: int = 0
+    max_depth: int = 1
+    max_new_tokens: int = 64
+    eos_token_id: int | None = None
+    reference_checks: bool = False  # invariants before every verify + commit equivalence after every commit
+    run_dir: str | None = None  # where failure dumps go
+
+
+@dataclass
+class StepRecord:
+    """One verify step, for traces."""
+
+    tree_nodes: int
+    tree_depth: int
+    accepted_len: int
+    accepted_path: list[int]
+    reorder_copy: bool
+    stage_s: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    prompt_tokens: int
+    tokens: list[int]
+    stop_reason: str  # eos | max_new_tokens | capacity
+    steps: list[StepRecord]
+    prefill_s: float
+    total_s: float
+
+    @property
+    def verify_steps(self) -> int:
+        return len(self.steps)
+
+    @property
+    def accepted_lengths(self) -> list[int]:
+        return [s.accepted_len for s in self.steps]
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens per verify step (accepted drafts + 1 bonus)."""
+        return float(np.mean(self.accepted_lengths) + 1.0) if self.steps else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.tokens) / self.total_s if self.total_s > 0 else 0.0
+
+
+class CommitMismatch(AssertionError):
+    """Reference mode: the committed cache differs from sequential decoding of the accepted tokens."""
+
+
+def _emit(out: list[int], new: np.ndarray, settings: DecodeSettings) -> str | None:
+    """Append tokens honouring EOS and max_new_tokens; return the stop reason if one was hit."""
+    for tok in new.tolist():
+        out.append(int(tok))
+        if settings.eos_token_id is not None and tok == settings.eos_token_id:
+            return "eos"
+        if len(out) >= settings.max_new_tokens:
+            return "max_new_tokens"
+    return None
+
+
+def _check_commit(runner: TeacherRunner, start: int, tokens: np.ndarray, run_dir: str | None) -> None:
+    """Committed K/V for slots [start, start+len) must equal a sequential re-decode of ``tokens``."""
+    committed = runner.cache_rows(start, start + tokens.size)
+    snapshot, length = runner.snapshot(), runner.length
+    runner.cache.length = start
+    runner.decode_chain(tokens)
+    redone = runner.cache_rows(start, start + tokens.size)
+    runner.restore(snapshot, length)
+    worst = max(float(np.max(np.abs(a - b))) for a, b in zip(committed, redone))
+    scale = max(float(np.max(np.abs(b))) for b in redone) or 1.0
+    if worst > 1e-4 * max(scale, 1.0):
+        raise CommitMismatch(f"commit equivalence failed at slots [{start}, {start + tokens.size}): "
+                             f"max |diff| {worst:.3e} (tokens {tokens.tolist()})")
+
+
+class _Clock:
+    def __init__(self):
+        self.stages: dict[str, float] = {}
+        self._t = time.perf_counter()
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.stages[stage] = self.stages.get(stage, 0.0) + now - self._t
+        self._t = now
+
+
+def _speculative_step(runner: TeacherRunner, drafter: Drafter | None, root: int,
+                      settings: DecodeSettings) -> tuple[AcceptResult, TreeTensors, TeacherOutput, _Clock]:
+    clock = _Clock()
+    budget = settings.budget
+    if drafter is None or runner.length + budget + 1 > runner.capacity:
+        tree, budget = DraftTree(root, np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)), 0
+    else:
+        tree = drafter.propose(root)
+    clock.lap("draft")
+    tensors = tensorize(tree, runner.length, budget, settings.max_depth)
+    if settings.reference_checks:
+        check_invariants(tensors, settings.run_dir)
+    clock.lap("tensorize")
+    out = runner.verify(tensors)
+    clock.lap("verify")
+    result = greedy_accept(tensors, out.argmax)
+    clock.lap("accept")
+    return result, tensors, out, clock
+
+
+def generate(runner: TeacherRunner, prompt_ids, settings: DecodeSettings,
+             drafter: Drafter | None = None) -> GenerationResult:
+    """Greedy generation; speculative when ``drafter`` is given, teacher-only otherwise."""
+    t0 = time.perf_counter()
+    prompt_ids = np.asarray(prompt_ids, dtype=np.int32)
+    pre = runner.prefill(prompt_ids)
+    root = int(pre.argmax[-1])
+    prefill_s = time.perf_counter() - t0
+    if drafter is not None:
+        drafter.begin(prompt_ids, pre.aux, root)
+    tokens: list[int] = []
+    steps: list[StepRecord] = []
+    stop = _emit(tokens, np.array([root]), settings)
+    while stop is None:
+        if runner.length + 1 > runner.capacity:
+            stop = "capacity"
+            break
+        start = runner.length
+        result, tensors, out, clock = _speculative_step(runner, drafter, root, settings)
+        copied = runner.cache.commit_by_path(result.node_ids)
+        committed = tensors.tokens[result.node_ids]
+        if settings.reference_checks:
+            _check_commit(runner, start, committed, settings.run_dir)
+        clock.lap("commit")
+        root = int(result.bonus_token)
+        stop = _emit(tokens, np.asarray(result.tokens), settings)  # A drafts + bonus
+        if drafter is not None and stop is None:
+            drafter.observe(committed, out.aux[result.node_ids], root)
+        clock.lap("observe")
+        steps.append(StepRecord(int(tensors.valid.sum()) - 1, int(tensors.depth.max()), result.accepted_len,
+                                result.node_ids.tolist(), copied, clock.stages))
+    return GenerationResult(int(prompt_ids.size), tokens, stop, steps, prefill_s, time.perf_counter() - t0)
+

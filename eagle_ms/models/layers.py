@@ -1,0 +1,93 @@
+"""Building blocks of the Pangu teacher and the EAGLE-3 draft (Llama family).
+
+Weights follow the HF layout: ``Linear.weight`` is [out, in]; so checkpoints map key for key.
+Norms and softmax are computed in fp32; matmuls in the configured compute dtype.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore.common.initializer import Normal, Zero, initializer
+
+DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
+
+
+class Linear(nn.Cell):
+    """y = x @ W^T (+ b). x [..., in] -> y [..., out]; W [out, in] as in HF checkpoints."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, dtype=ms.float32, std: float = 0.02):
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.weight = Parameter(initializer(Normal(std), (out_features, in_features), dtype), name="weight")
+        self.has_bias = bias
+        if bias:
+            self.bias = Parameter(initializer(Zero(), (out_features,), dtype), name="bias")
+        self.matmul = ops.MatMul(transpose_b=True)
+
+    def construct(self, x):
+        shape = x.shape
+        y = self.matmul(x.reshape(-1, self.in_features), self.weight)
+        if self.has_bias:
+            y = y + self.bias
+        return y.reshape(shape[:-1] + (self.out_features,))
+
+
+class RMSNorm(nn.Cell):
+    """x * rsqrt(mean(x^2) + eps) * w, computed in fp32, returned in x's dtype."""
+
+    def __init__(self, dim: int, eps: float, dtype=ms.float32):
+        super().__init__()
+        self.weight = Parameter(initializer("ones", (dim,), dtype), name="weight")
+        self.eps = eps
+
+    def construct(self, x):
+        xf = x.astype(ms.float32)
+        var = ops.mean(xf * xf, axis=-1, keep_dims=True)
+        y = xf * ops.rsqrt(var + self.eps)
+        return (y * self.weight.astype(ms.float32)).astype(x.dtype)
+
+
+class MLP(nn.Cell):
+    """SwiGLU: down(silu(gate(x)) * up(x)), no bias."""
+
+    def __init__(self, hidden: int, intermediate: int, dtype=ms.float32):
+        super().__init__()
+        self.gate_proj = Linear(hidden, intermediate, False, dtype)
+        self.up_proj = Linear(hidden, intermediate, False, dtype)
+        self.down_proj = Linear(intermediate, hidden, False, dtype)
+
+    def construct(self, x):
+        return self.down_proj(ops.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def rope_inv_freq(head_dim: int, theta: float) -> np.ndarray:
+    """inv_freq [head_dim/2] = theta^(-2i/head_dim), float64 then float32 (as HF computes it)."""
+    return (1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))).astype(np.float32)
+
+
+class Rotary(nn.Cell):
+    """Rotary embedding, rotate-half convention. position_ids [B, N] -> (cos, sin) [B, 1, N, D]."""
+
+    def __init__(self, head_dim: int, theta: float):
+        super().__init__()
+        self.inv_freq = Tensor(rope_inv_freq(head_dim, theta))  # constant, not a Parameter (not saved)
+
+    def construct(self, position_ids):
+        freqs = position_ids.astype(ms.float32).expand_dims(-1) * self.inv_freq  # [B, N, D/2]
+        emb = ops.concat((freqs, freqs), axis=-1).expand_dims(1)  # [B, 1, N, D]
+        return ops.cos(emb), ops.sin(emb)
+
+
+def apply_rope(x, cos, sin):
+    """x [B, H, N, D] rotated by position: x*cos + rotate_half(x)*sin (fp32 math)."""
+    half = x.shape[-1] // 2
+    xf = x.astype(ms.float32)
+    rotated = ops.concat((-xf[..., half:], xf[..., :half]), axis=-1)
+    return (xf * cos + rotated * sin).astype(x.dtype)
+
+
+def init_normal(shape, dtype, std=0.02):
+    return initializer(Normal(std), shape, dtype)

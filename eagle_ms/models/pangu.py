@@ -1,0 +1,124 @@
+"""Pangu teacher (openPangu-Embedded architecture, Llama-like) as a MindSpore Cell.
+
+Pre-norm RMSNorm, RoPE (rotate-half, ``rope_theta``), GQA, SwiGLU MLP without bias, q/k/v/o projections
+with bias when ``bias`` is true, optional tied embeddings. Parameter names equal the HF checkpoint keys
+(``model.layers.{i}.self_attn.q_proj.weight`` ...), so ``eagle_ms.weights`` maps them one to one.
+
+One forward serves prefill chunks, single-token decode and tree verification:
+
+    logits, aux = model(input_ids [B,N] int32, position_ids [B,N] int32,
+                        cache_slots [B,N] int32, attn_mask [B,N,S] bool)
+
+* K/V of the N tokens are written in place into the static cache at ``cache_slots`` before attention;
+* ``attn_mask`` is the single mask source (True = may attend to that cache slot);
+* ``logits`` [B,N,V] fp32; ``aux`` [B,N,3H]: the hidden states *entering* layers ``aux_layer_ids``
+  (EAGLE-3 low/mid/high features), concatenated in that order.
+
+Graphs compile once per N (shapes are the only thing that varies); new values never recompile.
+"""
+from __future__ import annotations
+
+import mindspore as ms
+from mindspore import Parameter, nn, ops
+from mindspore.common.initializer import Normal, initializer
+
+from eagle_ms.attention import make_attention
+from eagle_ms.cache import CacheMover, KVCache, flat_rows
+from eagle_ms.config import ModelConfig
+from eagle_ms.models.layers import DTYPES, MLP, Linear, RMSNorm, Rotary, apply_rope
+
+
+class Attention(nn.Cell):
+    """Self-attention over the static cache. Attribute names match HF (``self_attn.q_proj`` ...)."""
+
+    def __init__(self, cfg: ModelConfig, batch: int, capacity: int, backend: str):
+        super().__init__()
+        dt = DTYPES[cfg.compute_dtype]
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
+        self.q_proj = Linear(h, self.num_heads * d, cfg.bias, dt)
+        self.k_proj = Linear(h, self.num_kv_heads * d, cfg.bias, dt)
+        self.v_proj = Linear(h, self.num_kv_heads * d, cfg.bias, dt)
+        self.o_proj = Linear(self.num_heads * d, h, cfg.bias, dt)
+        self.kv_cache = KVCache(batch, self.num_kv_heads, capacity, d, dt)
+        self.attn = make_attention(backend, self.num_heads, self.num_kv_heads, d)
+
+    def construct(self, x, cos, sin, rows, mask):
+        """x [B,N,H]; cos/sin [B,1,N,D]; rows [B*Hkv*N] cache rows; mask prepared by the backend."""
+        b, n, _ = x.shape
+        q = self.q_proj(x).reshape(b, n, self.num_heads, self.head_dim).swapaxes(1, 2)
+        k = self.k_proj(x).reshape(b, n, self.num_kv_heads, self.head_dim).swapaxes(1, 2)
+        v = self.v_proj(x).reshape(b, n, self.num_kv_heads, self.head_dim).swapaxes(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        k_all, v_all = self.kv_cache.update(k, v, rows)  # [B, Hkv, S, D]
+        return self.o_proj(self.attn(q, k_all, v_all, mask))
+
+
+class DecoderLayer(nn.Cell):
+    """Pre-norm decoder layer: x + attn(norm(x)); then + mlp(norm(.))."""
+
+    def __init__(self, cfg: ModelConfig, batch: int, capacity: int, backend: str):
+        super().__init__()
+        dt = DTYPES[cfg.compute_dtype]
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dt)
+        self.self_attn = Attention(cfg, batch, capacity, backend)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dt)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, dt)
+
+    def construct(self, x, cos, sin, rows, mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, rows, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class PanguModel(nn.Cell):
+    """Embedding, decoder stack, final norm (HF ``model.*``)."""
+
+    def __init__(self, cfg: ModelConfig, batch: int, capacity: int, backend: str):
+        super().__init__()
+        dt = DTYPES[cfg.compute_dtype]
+        self.embed_tokens = nn.Cell()
+        self.embed_tokens.weight = Parameter(initializer(Normal(0.02), (cfg.vocab_size, cfg.hidden_size), dt),
+                                             name="weight")
+        self.layers = nn.CellList([DecoderLayer(cfg, batch, capacity, backend)
+                                   for _ in range(cfg.num_hidden_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dt)
+
+
+class PanguForCausalLM(nn.Cell):
+    """The teacher: ``construct`` as in the module doc. ``backend``: 'eager' or 'fused' attention."""
+
+    def __init__(self, cfg: ModelConfig, batch: int, capacity: int, backend: str = "eager"):
+        super().__init__()
+        self.config = cfg
+        self.batch, self.capacity, self.backend = batch, capacity, backend
+        dt = DTYPES[cfg.compute_dtype]
+        self.model = PanguModel(cfg, batch, capacity, backend)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, False, dt)
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta)
+        self.mask_backend = self.model.layers[0].self_attn.attn
+        self.aux_flags = tuple(i in cfg.aux_layer_ids for i in range(cfg.num_hidden_layers))
+        self.matmul_t = ops.MatMul(transpose_b=True)
+
+    def caches(self) -> nn.CellList:
+        return nn.CellList([layer.self_attn.kv_cache for layer in self.model.layers])
+
+    def make_mover(self) -> CacheMover:
+        """A graph that reorders this model's caches (commit by path)."""
+        return CacheMover(self.caches(), self.config.num_key_value_heads, self.capacity)
+
+    def construct(self, input_ids, position_ids, cache_slots, attn_mask):
+        b, n = input_ids.shape
+        x = ops.gather(self.model.embed_tokens.weight, input_ids, 0)  # [B, N, H]
+        cos, sin = self.rotary(position_ids)
+        rows = flat_rows(cache_slots, self.config.num_key_value_heads, self.capacity)
+        mask = self.mask_backend.prepare_mask(attn_mask)
+        aux = ()
+        for i, layer in enumerate(self.model.layers):
+            if self.aux_flags[i]:
+                aux = aux + (x,)
+            x = layer(x, cos, sin, rows, mask)
+        x = self.model.norm(x)
+        head = self.model.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
+        logits = self.matmul_t(x.reshape(b * n, -1), head).astype(ms.float32).reshape(b, n, -1)
+        return logits, ops.concat(aux, axis=-1)

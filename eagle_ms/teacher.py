@@ -1,0 +1,124 @@
+"""Host-side driver of the teacher Cell: fixed-shape calls for prefill, decode and tree verify.
+
+Every call hands the Cell fixed shapes only: prefill in chunks of ``prefill_chunk`` tokens (the last
+chunk padded), decode/verify with ``N = budget + 1`` query tokens. So a run compiles one graph per
+distinct N (prefill chunk, 1, and each tree budget) and never per prompt length.
+
+Index spaces (never mixed): RoPE ``position_ids``, cache ``cache_slots``, mask rows. For a chain they
+coincide up to an offset; for a tree, position = L + depth while slot = L + node id.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mindspore import Tensor
+
+from eagle_ms.cache import BranchCache
+from eagle_ms.tree import TreeTensors, verify_attention_mask
+
+
+def causal_chunk_mask(committed_len: int, n: int, capacity: int) -> np.ndarray:
+    """allowed [n, capacity] bool for n consecutive tokens at slots [L, L+n): row i sees [0, L+i].
+
+    Example: L=2, n=2, capacity=5 -> [[1,1,1,0,0], [1,1,1,1,0]].
+    """
+    cols = np.arange(capacity)[None, :]
+    return cols <= committed_len + np.arange(n)[:, None]
+
+
+@dataclass(frozen=True)
+class TeacherOutput:
+    """Teacher results for the valid query rows: logits [n, V] fp32, aux [n, 3H], argmax [n]."""
+
+    logits: np.ndarray
+    aux: np.ndarray
+    argmax: np.ndarray
+
+
+class TeacherRunner:
+    """Owns the teacher Cell's committed length and issues its fixed-shape calls (batch 1)."""
+
+    def __init__(self, model, prefill_chunk: int, commit_width: int):
+        self.model = model
+        self.capacity = model.capacity
+        self.prefill_chunk = prefill_chunk
+        self.cache = BranchCache(self.capacity, model.make_mover(), commit_width)
+
+    @property
+    def length(self) -> int:
+        return self.cache.length
+
+    def reset(self) -> None:
+        self.cache.reset()
+
+    def _call(self, ids: np.ndarray, positions: np.ndarray, slots: np.ndarray, allowed: np.ndarray):
+        logits, aux = self.model(Tensor(ids[None].astype(np.int32)), Tensor(positions[None].astype(np.int32)),
+                                 Tensor(slots[None].astype(np.int32)), Tensor(allowed[None]))
+        return logits.asnumpy()[0], aux.asnumpy()[0]
+
+    def check_prompt_fits(self, n_prompt: int) -> None:
+        """Raise ValueError if a prompt of n_prompt tokens cannot be prefilled and decoded once."""
+        chunk = self.prefill_chunk
+        padded = -(-n_prompt // chunk) * chunk
+        if n_prompt < 1:
+            raise ValueError("prompt is empty: at least one token is needed")
+        if padded > self.capacity or n_prompt + 1 > self.capacity:
+            raise ValueError(f"prompt of {n_prompt} tokens does not fit the KV cache: it needs "
+                             f"{max(padded, n_prompt + 1)} slots (prefill_chunk {chunk}) but "
+                             f"runtime.seq_length is {self.capacity}")
+
+    def prefill(self, prompt_ids: np.ndarray) -> TeacherOutput:
+        """Run the prompt through the cache in fixed chunks; commit it. Returns per-token outputs [P, ...]."""
+        prompt_ids = np.asarray(prompt_ids, dtype=np.int32)
+        self.check_prompt_fits(prompt_ids.size)
+        self.reset()
+        chunk = self.prefill_chunk
+        logits, aux = [], []
+        for start in range(0, prompt_ids.size, chunk):
+            real = prompt_ids[start:start + chunk]
+            ids = np.zeros(chunk, np.int32)
+            ids[: real.size] = real
+            slots = self.cache.branch_slots(chunk)
+            lg, ax = self._call(ids, slots, slots, causal_chunk_mask(self.length, chunk, self.capacity))
+            logits.append(lg[: real.size])
+            aux.append(ax[: real.size])
+            self.cache.commit_by_length(real.size - 1)
+        logits = np.concatenate(logits)
+        return TeacherOutput(logits, np.concatenate(aux), logits.argmax(-1))
+
+    def verify(self, tensors: TreeTensors) -> TeacherOutput:
+        """One tree-masked forward over all N nodes at slots [L, L+N); the committed prefix is untouched."""
+        assert tensors.committed_len == self.length, "tree tensorised for another committed length"
+        allowed = verify_attention_mask(tensors, self.capacity)
+        logits, aux = self._call(tensors.tokens, tensors.position_ids, tensors.cache_slots, allowed)
+        return TeacherOutput(logits, aux, logits.argmax(-1))
+
+    def decode_chain(self, tokens: np.ndarray) -> TeacherOutput:
+        """Sequential one-token decode of ``tokens`` (reference checks); commits each token."""
+        outs = []
+        for tok in np.asarray(tokens, dtype=np.int32):
+            slot = self.cache.branch_slots(1)
+            outs.append(self._call(np.array([tok]), slot, slot, causal_chunk_mask(self.length, 1, self.capacity)))
+            self.cache.commit_by_length(0)
+        logits = np.concatenate([o[0] for o in outs])
+        return TeacherOutput(logits, np.concatenate([o[1] for o in outs]), logits.argmax(-1))
+
+    def cache_rows(self, start: int, stop: int) -> list[np.ndarray]:
+        """Host copies of K and V for slots [start, stop) of every layer: list of [Hkv, stop-start, D]."""
+        rows = []
+        for cache in self.model.caches():
+            for param in (cache.k_cache, cache.v_cache):
+                full = param.asnumpy().reshape(cache.batch, cache.num_kv_heads, cache.capacity, cache.head_dim)
+                rows.append(full[0, :, start:stop].copy())
+        return rows
+
+    def snapshot(self) -> list[np.ndarray]:
+        return [p.asnumpy().copy() for c in self.model.caches() for p in (c.k_cache, c.v_cache)]
+
+    def restore(self, snapshot: list[np.ndarray], length: int) -> None:
+        params = [p for c in self.model.caches() for p in (c.k_cache, c.v_cache)]
+        for param, value in zip(params, snapshot):
+            param.set_data(Tensor(value))
+        self.cache.length = length
