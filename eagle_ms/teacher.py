@@ -16,7 +16,7 @@ import numpy as np
 from mindspore import Tensor
 
 from eagle_ms.cache import BranchCache
-from eagle_ms.tree import TreeTensors, verify_attention_mask
+from eagle_ms.tree import DraftTree, TreeTensors, tensorize, verify_attention_mask
 
 
 def causal_chunk_mask(committed_len: int, n: int, capacity: int) -> np.ndarray:
@@ -104,6 +104,20 @@ class TeacherRunner:
             self.cache.commit_by_length(0)
         logits = np.concatenate([o[0] for o in outs])
         return TeacherOutput(logits, np.concatenate([o[1] for o in outs]), logits.argmax(-1))
+
+    def warm_up(self, query_sizes, max_depth: int) -> None:
+        """Compile the prefill-chunk graph, a verify graph per N in ``query_sizes`` and the cache mover.
+
+        Uses a one-token dummy prompt; leaves the cache empty (length 0).
+        """
+        self.prefill(np.zeros(1, np.int32))
+        for n in query_sizes:
+            empty = DraftTree(0, np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0))
+            self.verify(tensorize(empty, self.length, n - 1, max_depth))
+        if self.cache.mover is not None and self.capacity >= self.cache.width:
+            ident = np.arange(self.cache.width, dtype=np.int32)[None]
+            self.cache.mover(Tensor(ident), Tensor(ident))
+        self.reset()
 
     def cache_rows(self, start: int, stop: int) -> list[np.ndarray]:
         """Host copies of K and V for slots [start, stop) of every layer: list of [Hkv, stop-start, D]."""

