@@ -86,20 +86,29 @@ class CacheMover(nn.Cell):
         return total
 
 
-def path_move_slots(committed_len: int, node_ids: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+def path_move_slots(committed_len: int, node_ids: np.ndarray, width: int,
+                    capacity: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Source and destination slots [width] for committing ``node_ids`` (root first) at ``committed_len``.
 
-    Entry i moves slot L + node_ids[i] to slot L + i; entries past the path copy slot L + i onto itself
-    (a no-op with distinct destinations, so the scatter never sees duplicate indices).
+    Entry i moves slot L + node_ids[i] to slot L + i; entries past the path copy slot
+    (L + i) mod capacity onto itself (a no-op with distinct destinations, so the scatter never sees
+    duplicate indices, and every slot stays inside the cache even when L + width > capacity).
 
     Example: L=10, node_ids=[0, 2, 5], width=4 -> src [10, 12, 15, 13], dst [10, 11, 12, 13].
+    Near capacity: L=10, node_ids=[0, 2, 3], width=6, capacity=14
+        -> src [10, 12, 13, 13, 0, 1], dst [10, 11, 12, 13, 0, 1].
     """
     node_ids = np.asarray(node_ids, dtype=np.int64)
     if node_ids.ndim != 1 or not 1 <= node_ids.size <= width:
         raise ValueError(f"node_ids must be 1-D with 1..{width} entries, got shape {node_ids.shape}")
     if node_ids[0] != 0 or np.any(np.diff(node_ids) <= 0):
         raise ValueError(f"node_ids must start at the root 0 and increase, got {node_ids.tolist()}")
+    if capacity is not None and (width > capacity or committed_len + node_ids[-1] >= capacity):
+        raise ValueError(f"cannot commit node_ids {node_ids.tolist()} at committed length {committed_len} "
+                         f"with width {width} in a cache of capacity {capacity}")
     dst = committed_len + np.arange(width, dtype=np.int64)
+    if capacity is not None:
+        dst %= capacity
     src = dst.copy()
     src[: node_ids.size] = committed_len + node_ids
     return src.astype(np.int32), dst.astype(np.int32)
@@ -140,7 +149,7 @@ class BranchCache:
             return False
         if self.mover is None:
             raise RuntimeError("commit_by_path needs a CacheMover for out-of-order paths")
-        src, dst = path_move_slots(self.length, node_ids, self.width)
+        src, dst = path_move_slots(self.length, node_ids, self.width, self.capacity)
         self.mover(Tensor(src[None]), Tensor(dst[None]))
         self.length += node_ids.size
         self.copies += 1

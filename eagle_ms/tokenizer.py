@@ -8,10 +8,15 @@ Contracts
 - :class:`ChatTemplate` turns ``[{"role": ..., "content": ...}, ...]`` into text (:meth:`render`)
   and into ids plus a loss mask (:meth:`encode_chat`). Template text (turn prefixes, suffixes,
   generation prompt) is split on the template's ``special_pieces``, each of which becomes exactly
-  one id; message *content* is never searched for special pieces (no prompt injection of control
-  tokens). ``encode_chat`` ids are the concatenation of the per-segment encodings; for the
-  ``openpangu`` template on a model whose template pieces are user-defined symbols (the demo
-  tokenizer) they equal ``encode(render(...))`` (tested).
+  one id; message *content* goes through plain ``encode`` only. Caveat: SentencePiece itself
+  matches user-defined symbols anywhere, so with the demo tokenizer a literal ``[unused10]`` inside
+  content still becomes the eos id (control pieces, by contrast, are never produced from content
+  text). ``encode_chat`` is the canonical tokenisation of a chat -- use it at inference too. Its
+  ids are the concatenation of the per-segment encodings; for the ``openpangu`` template on a
+  model whose template pieces are user-defined symbols (the demo tokenizer) they equal
+  ``[bos] + encode(render(...))`` (tested). For templates whose text around the content is not a
+  special piece (e.g. ``"User: "``) the segment-wise ids can differ from encoding the whole
+  rendered string (``"▁" + "Hi"`` instead of ``"▁Hi"``).
 
 openPangu template (anchors.md §6.3): each turn is ``[unused9]`` + role + ``：`` (U+FF1A) + content +
 ``[unused10]``; roles system/user/assistant/tool/function -> 系统/用户/助手/工具/方法; an empty system
@@ -188,8 +193,8 @@ class ChatTemplate:
         specials = tuple(dict.fromkeys([*specials, self.eos_piece]))
         if not all(isinstance(p, str) and p for p in specials):
             raise ValueError(f"special_pieces must be non-empty strings, got {specials!r}")
-        object.__setattr__(self, "role_prefix", MappingProxyType(prefix))
-        object.__setattr__(self, "role_suffix", MappingProxyType(suffix))
+        object.__setattr__(self, "role_prefix", prefix)     # plain dicts: picklable; read-only
+        object.__setattr__(self, "role_suffix", suffix)
         object.__setattr__(self, "special_pieces", specials)
         object.__setattr__(self, "add_bos", bool(self.add_bos))
         longest_first = sorted(specials, key=len, reverse=True)
@@ -202,8 +207,12 @@ class ChatTemplate:
 
     # ----- rendering -------------------------------------------------------------------------
     def render(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool) -> str:
-        """The chat as text (without BOS). Example, openpangu, ``[{"role": "user", "content":
-        "hi"}]`` with generation prompt -> ``[unused9]系统：[unused10][unused9]用户：hi[unused10][unused9]助手：``."""
+        """The chat as text (without BOS).
+
+        Example (openpangu): ``[{"role": "user", "content": "hi"}]`` with generation prompt ->
+        ``[unused9]系统：[unused10][unused9]用户：hi[unused10][unused9]助手：``.
+        ValueError names the index of a message with an unknown role or a non-string content.
+        """
         return "".join(seg.text for seg in self._segments(messages, add_generation_prompt))
 
     def encode_chat(self, tokenizer: Tokenizer, messages: Sequence[Mapping[str, str]],

@@ -55,6 +55,7 @@ MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors format's own limit
 ST_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8", "I32": "<i4",
              "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
 FLOAT_TAGS = ("F64", "F32", "F16", "BF16")
+FLOAT_PARAMS = (ms.float16, ms.float32, ms.bfloat16, ms.float64)
 SAVE_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 
 
@@ -172,7 +173,7 @@ def _load_entries(model: nn.Cell, entries: Mapping[str, CheckpointTensor], sourc
     bad = [f"'{k}': shape {e.shape} in {e.source} != model shape {tuple(params[k].shape)}"
            for k, e in entries.items() if e.shape != tuple(params[k].shape)]
     bad += [f"'{k}': dtype {e.dtype} in {e.source} is not a float type (model: {params[k].dtype})"
-            for k, e in entries.items() if not e.is_float]
+            for k, e in entries.items() if not e.is_float and params[k].dtype in FLOAT_PARAMS]
     if bad:
         raise CheckpointError(f"checkpoint {source}: {len(bad)} tensor(s) do not fit: {_describe(bad)}")
     for key, param in params.items():

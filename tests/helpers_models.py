@@ -3,87 +3,25 @@
 Not a conftest: test modules import it (``tests/`` is on ``sys.path`` under pytest's default import
 mode because it has no ``__init__.py``).
 
-Weights: ``eagle_ms.weights.random_teacher_state`` / ``load_state`` when that module provides them,
-otherwise ``random_state`` / ``set_state`` below (same contract: HF parameter names -> float32 arrays).
-Weight std ~0.25 on a tiny config so the argmax is far from constant.
+Weights: ``eagle_ms.weights.random_teacher_state`` / ``load_state`` (HF names -> float32 arrays), with
+std ~0.3 on a tiny config so the argmax is far from constant.
 """
 from __future__ import annotations
 
 import numpy as np
 
 import mindspore as ms
-from mindspore import Tensor
 
 from eagle_ms.config import ModelConfig
 from eagle_ms.models.pangu import PanguForCausalLM
 from eagle_ms.teacher import TeacherRunner
 from eagle_ms.tree import DraftTree
+from eagle_ms.weights import load_state, random_teacher_state
 
 # 3 layers (aux layers resolve to (0, 1, 2)), GQA 4 query heads over 2 KV heads, head_dim 8, biases.
 TINY = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                    num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0, bias=True)
-WEIGHT_STD = 0.25
-
-
-def random_state(cfg: ModelConfig, model, seed: int, std: float = WEIGHT_STD) -> dict[str, np.ndarray]:
-    """Seeded random float32 arrays for every non-cache parameter of ``model`` (by HF name).
-
-    Norm weights are 1 + noise (so they stay positive scales), everything else N(0, std).
-    """
-    rng = np.random.default_rng(seed)
-    state = {}
-    for name, param in model.parameters_and_names():
-        if "cache" in name:
-            continue
-        shape = tuple(param.shape)
-        if "norm" in name:
-            state[name] = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
-        else:
-            state[name] = (std * rng.standard_normal(shape)).astype(np.float32)
-    return state
-
-
-def set_state(model, state: dict[str, np.ndarray]) -> None:
-    """Assign ``state`` by parameter name; every non-cache parameter must be covered."""
-    seen = set()
-    for name, param in model.parameters_and_names():
-        if "cache" in name:
-            continue
-        if name not in state:
-            raise KeyError(f"no value for parameter {name}")
-        value = np.asarray(state[name], dtype=np.float32)
-        if value.shape != tuple(param.shape):
-            raise ValueError(f"{name}: value shape {value.shape} != parameter shape {tuple(param.shape)}")
-        param.set_data(Tensor(value))
-        seen.add(name)
-    extra = set(state) - seen
-    if extra:
-        raise KeyError(f"state has unknown keys {sorted(extra)[:5]}")
-
-
-def _weights_api():
-    """(random_teacher_state, load_state) from eagle_ms.weights, or None while it does not exist."""
-    try:
-        from eagle_ms import weights
-    except ImportError:
-        return None
-    fns = (getattr(weights, "random_teacher_state", None), getattr(weights, "load_state", None))
-    return fns if all(fns) else None
-
-
-def teacher_state(cfg: ModelConfig, model, seed: int, std: float = WEIGHT_STD) -> dict[str, np.ndarray]:
-    api = _weights_api()
-    if api is not None:
-        return {k: np.asarray(v, np.float32) for k, v in api[0](cfg, seed, std).items()}
-    return random_state(cfg, model, seed, std)
-
-
-def load(model, state: dict[str, np.ndarray]) -> None:
-    api = _weights_api()
-    if api is not None:
-        api[1](model, state)
-    else:
-        set_state(model, state)
+WEIGHT_STD = 0.3
 
 
 def build_teacher(capacity: int, backend: str = "eager", seed: int = 0, cfg: ModelConfig = TINY,
@@ -91,8 +29,8 @@ def build_teacher(capacity: int, backend: str = "eager", seed: int = 0, cfg: Mod
     """A seeded tiny PanguForCausalLM (batch 1) with its weights set; returns (model, state)."""
     model = PanguForCausalLM(cfg, 1, capacity, backend)
     if state is None:
-        state = teacher_state(cfg, model, seed, std)
-    load(model, state)
+        state = random_teacher_state(cfg, seed, std)
+    load_state(model, state)
     return model, state
 
 

@@ -164,3 +164,12 @@ def test_packaged_sharegpt_file_first_records():
     assert all(c.messages and {m["role"] for m in c.messages} <= {"user", "assistant", "system"}
                for c in convs)
     _check_invariant(stream.report())
+
+
+def test_results_pickle_and_serialise(tmp_path):
+    import pickle
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps(_record(0)) + "\n")
+    result = load_sharegpt(path)
+    assert pickle.loads(pickle.dumps(result)) == result
+    assert json.loads(json.dumps(result.report.to_dict()))["kept"] == 1

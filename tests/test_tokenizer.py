@@ -1,5 +1,6 @@
 """Tokenizer wrapper and chat templates, on a tiny SentencePiece model trained in the test."""
 import random
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -205,3 +206,21 @@ def test_conversation_sentences_chunking():
             {"role": "assistant", "content": "0123456789"}]
     assert list(conversation_sentences([msgs], max_sentence_chars=8)) == \
         ["ab\n", "cdefgh\n", "ij", "01234567", "89"]
+
+
+def test_template_pickles():
+    import pickle
+    assert pickle.loads(pickle.dumps(OPENPANGU)) == OPENPANGU
+
+
+DEMO_MODEL = Path(__file__).resolve().parent.parent / "eagle_ms/assets/demo/tokenizer.model"
+
+
+@pytest.mark.skipif(not DEMO_MODEL.is_file(), reason="demo tokenizer not built")
+def test_demo_tokenizer_asset():
+    demo = Tokenizer(DEMO_MODEL)
+    assert demo.vocab_size == 8000
+    assert [demo.id_to_token(i) for i in range(11)] == ["<unk>", "<s>", "</s>", *OPENPANGU_PIECES]
+    ids, mask = OPENPANGU.encode_chat(demo, MULTI, add_generation_prompt=True)
+    assert ids == [demo.bos_id] + demo.encode(OPENPANGU.render(MULTI, True))
+    assert demo.decode([i for i, m in zip(ids, mask) if m]) == "mu senpa.[unused10]"

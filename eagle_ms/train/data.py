@@ -22,10 +22,10 @@ from __future__ import annotations
 import importlib.util
 import json
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Iterator, Mapping, Optional, TextIO, Tuple, Union
+from typing import Any, Dict, Iterator, Mapping, Optional, TextIO, Tuple, Union
 
 PathLike = Union[str, Path]
 
@@ -57,7 +57,8 @@ _SEP = _WS + ","
 
 @dataclass(frozen=True)
 class Conversation:
-    """One kept record: ``messages`` are ``{"role": str, "content": str}`` dicts in turn order."""
+    """One kept record: ``messages`` are ``{"role": str, "content": str}`` dicts in turn order
+    (plain dicts so records pickle across worker processes; treat them as read-only)."""
 
     id: str
     messages: Tuple[Mapping[str, str], ...]
@@ -84,6 +85,11 @@ class LoadReport:
     tail_offset: Optional[int]
     unknown_roles: Mapping[str, int]
     limit_reached: bool
+
+    def to_dict(self) -> Dict[str, Any]:
+        """JSON-ready form (for run manifests)."""
+        return {**asdict(self), "skipped": dict(self.skipped),
+                "unknown_roles": dict(self.unknown_roles)}
 
     def summary(self) -> str:
         """One human-readable line."""
@@ -164,7 +170,7 @@ def to_conversation(record: Any, index: int) -> Tuple[Optional[Conversation], Op
         role = ROLE_MAP.get(turn["from"].strip().lower())
         if role is None:
             return None, f"{UNKNOWN_ROLE}:{turn['from']}"
-        messages.append(MappingProxyType({"role": role, "content": turn["value"]}))
+        messages.append({"role": role, "content": turn["value"]})
     raw_id = record.get("id")
     conv_id = str(raw_id) if isinstance(raw_id, (str, int)) else f"#{index}"
     return Conversation(id=conv_id, messages=tuple(messages)), None
@@ -201,8 +207,8 @@ class ShareGPTStream:
         c = self._counters
         return LoadReport(
             source=str(self.path), read=c.read, kept=c.kept,
-            skipped=MappingProxyType(dict(c.skipped)), truncated_tail=c.truncated_tail,
-            tail_offset=c.tail_offset, unknown_roles=MappingProxyType(dict(c.unknown_roles)),
+            skipped=dict(c.skipped), truncated_tail=c.truncated_tail,
+            tail_offset=c.tail_offset, unknown_roles=dict(c.unknown_roles),
             limit_reached=c.limit_reached)
 
     def __iter__(self) -> Iterator[Conversation]:

@@ -1,0 +1,40 @@
+"""Micro-benchmark of single teacher calls (N query tokens) on a warm graph.
+
+Reports the median and p90 wall time of ``repeats`` calls per N, all sizes interleaved round-robin in
+one process so machine noise hits every size alike. Used for the issue notes ("N=1 and N=17 teacher
+call times") and to size demo models.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from eagle_ms.tree import DraftTree, tensorize
+
+
+def _chain_tree(root: int, n: int, vocab: int, rng) -> DraftTree:
+    """A chain of n-1 random draft tokens (shape is what matters for timing)."""
+    m = n - 1
+    return DraftTree(root, rng.integers(0, vocab, m), np.arange(m), np.zeros(m))
+
+
+def time_teacher_calls(runner, sizes, repeats: int = 30, context: int = 256, seed: int = 0) -> dict[int, dict]:
+    """{N: {"median_ms", "p90_ms", "repeats"}} for verify calls of N tokens after a ``context``-token prefill."""
+    rng = np.random.default_rng(seed)
+    vocab = runner.model.config.vocab_size
+    prompt = rng.integers(0, vocab, context).astype(np.int32)
+    runner.prefill(prompt)
+    trees = {n: tensorize(_chain_tree(int(prompt[-1]), n, vocab, rng), runner.length, n - 1, max(n - 1, 1))
+             for n in sizes}
+    for n in sizes:  # compile + warm
+        runner.verify(trees[n])
+        runner.verify(trees[n])
+    times = {n: [] for n in sizes}
+    for _ in range(repeats):
+        for n in sizes:
+            t0 = time.perf_counter()
+            runner.verify(trees[n])
+            times[n].append(time.perf_counter() - t0)
+    return {n: {"median_ms": 1e3 * float(np.median(t)), "p90_ms": 1e3 * float(np.percentile(t, 90)),
+                "repeats": repeats} for n, t in times.items()}

@@ -1,0 +1,34 @@
+"""Time warm teacher calls with N query tokens: python scripts/time_teacher_calls.py --config C [--sizes 1,17,65]."""
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--config", default="configs/tiny.yaml")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--sizes", default="1,17,65")
+    p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--context", type=int, default=256)
+    args = p.parse_args()
+    import yaml
+    from eagle_ms.bench.calls import time_teacher_calls
+    from eagle_ms.config import load_config
+    from eagle_ms.runtime import build_runner, setup_context
+
+    cfg = load_config(args.config, {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.set)})
+    setup_context(cfg)
+    runner = build_runner(cfg)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    res = time_teacher_calls(runner, sizes, args.repeats, args.context)
+    m = cfg.model
+    print(json.dumps({"config": args.config, "overrides": args.set, "layers": m.num_hidden_layers,
+                      "hidden": m.hidden_size, "context": args.context, "calls": res}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,318 @@
+"""Teacher checkpoints: round trips (single file, shards, fp16, bf16), strict errors, config checks.
+
+Expectations are independent of eagle_ms.weights: keys/shapes come from the Cell itself, files are
+cross-read with the ``safetensors`` package, and the BF16 file is assembled byte by byte here.
+"""
+import json
+import os
+import struct
+
+import numpy as np
+import pytest
+import safetensors.numpy as stnp
+
+import mindspore as ms
+
+from eagle_ms.config import ModelConfig
+from eagle_ms.models.pangu import PanguForCausalLM
+from eagle_ms.weights import (CheckpointError, build_teacher, expected_teacher_keys, load_state,
+                              load_teacher_checkpoint, model_state, random_teacher_state, read_safetensors,
+                              save_teacher_checkpoint, write_safetensors)
+
+BIAS_TIE = [(True, False), (False, False), (True, True), (False, True)]
+Q_KEY = "model.layers.0.self_attn.q_proj.weight"
+UP_KEY = "model.layers.1.mlp.up_proj.weight"
+
+
+def tiny_cfg(bias=True, tie=False, **changes):
+    fields = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                  num_attention_heads=4, num_key_value_heads=2, bias=bias, tie_word_embeddings=tie)
+    fields.update(changes)
+    return ModelConfig(**fields)
+
+
+def new_model(cfg):
+    return PanguForCausalLM(cfg, batch=1, capacity=8, backend="eager")
+
+
+def cell_state(model):
+    """Checkpoint parameters read straight from the Cell (KV caches are the only other Parameters)."""
+    out = {}
+    for name, p in model.parameters_and_names():
+        if name.endswith(("kv_cache.k_cache", "kv_cache.v_cache")):
+            continue
+        out[name] = (p.astype(ms.float32) if p.dtype == ms.bfloat16 else p).asnumpy()
+    return out
+
+
+def assert_state_equal(got, want):
+    assert set(got) == set(want)
+    for key in want:
+        assert got[key].dtype == np.float32, key
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
+def write_raw_safetensors(path, tensors):
+    """Minimal independent writer: tensors = {key: (tag, shape, raw_bytes)}."""
+    header, offset, blob = {}, 0, b""
+    for key, (tag, shape, raw) in tensors.items():
+        header[key] = {"dtype": tag, "shape": list(shape), "data_offsets": [offset, offset + len(raw)]}
+        offset += len(raw)
+        blob += raw
+    head = json.dumps(header).encode()
+    with open(path, "wb") as fh:
+        fh.write(struct.pack("<Q", len(head)) + head + blob)
+
+
+# ---------------------------------------------------------------- keys and random state
+
+@pytest.mark.parametrize("bias,tie", BIAS_TIE)
+def test_expected_keys_equal_cell_parameters(bias, tie):
+    cfg = tiny_cfg(bias, tie)
+    model = new_model(cfg)
+    keys = expected_teacher_keys(cfg)
+    assert keys == {k: v.shape for k, v in cell_state(model).items()}
+    assert len(keys) == 2 + 4 * (9 + 4 * bias) + (0 if tie else 1)
+    assert set(model_state(model)) == set(keys)  # caches excluded
+    assert keys["model.layers.3.self_attn.k_proj.weight"] == (16, 32)  # [Hkv*D, H] = [2*8, 32]
+    assert keys["model.layers.3.mlp.down_proj.weight"] == (32, 64)  # [out, in]
+
+
+def test_random_state_seeded_and_pinned():
+    cfg = tiny_cfg()
+    a, b, c = random_teacher_state(cfg, 0), random_teacher_state(cfg, 0), random_teacher_state(cfg, 1)
+    assert list(a) == list(expected_teacher_keys(cfg))
+    assert_state_equal(a, b)
+    assert not np.array_equal(a[Q_KEY], c[Q_KEY])
+    # pinned values: the same numbers on every machine
+    np.testing.assert_allclose(a["model.norm.weight"][:3], [1.000337, 1.0314682, 0.98669845], rtol=1e-6)
+    np.testing.assert_allclose(a["model.layers.0.self_attn.q_proj.bias"][:3],
+                               [-0.01537004, 0.02324306, 0.01498894], rtol=1e-6)
+    np.testing.assert_allclose(a["model.embed_tokens.weight"][0, :3], [0.00185736, 0.01845673, 0.00598412],
+                               rtol=1e-6)
+    norm = a["model.layers.2.input_layernorm.weight"]
+    assert np.all(np.abs(norm - 1) < 0.2) and np.std(norm) > 0.005  # 1 + noise, not all ones
+    # a tensor does not depend on which other keys exist
+    np.testing.assert_array_equal(random_teacher_state(tiny_cfg(False, True), 0)[Q_KEY], a[Q_KEY])
+
+
+# ---------------------------------------------------------------- round trips
+
+@pytest.mark.parametrize("bias,tie", BIAS_TIE)
+def test_round_trip_single_file(tmp_path, bias, tie):
+    cfg = tiny_cfg(bias, tie)
+    state = random_teacher_state(cfg, 3)
+    written = save_teacher_checkpoint(state, cfg, str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == sorted(written) == ["config.json", "model.safetensors"]
+    assert_state_equal(stnp.load_file(str(tmp_path / "model.safetensors")), state)  # independent reader
+    model = new_model(cfg)
+    assert not np.array_equal(cell_state(model)[Q_KEY], state[Q_KEY])
+    load_teacher_checkpoint(model, str(tmp_path))
+    assert_state_equal(cell_state(model), state)
+    model2 = new_model(cfg)
+    load_teacher_checkpoint(model2, str(tmp_path / "model.safetensors"))  # the file itself
+    assert_state_equal(cell_state(model2), state)
+
+
+@pytest.mark.parametrize("bias,tie", [(True, False), (False, True)])
+def test_round_trip_sharded(tmp_path, bias, tie):
+    cfg = tiny_cfg(bias, tie)
+    state = random_teacher_state(cfg, 4)
+    limit = 4 * 96 * 32  # the embedding alone fills one shard
+    written = save_teacher_checkpoint(state, cfg, str(tmp_path), max_shard_bytes=limit)
+    shards = sorted(n for n in os.listdir(tmp_path) if n.startswith("model-"))
+    assert len(shards) >= 3 and shards == sorted(written[:-2])
+    assert shards[0] == f"model-00001-of-{len(shards):05d}.safetensors"
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == set(state)
+    assert index["metadata"]["total_size"] == sum(v.nbytes for v in state.values())
+    merged = {}
+    for name in shards:
+        part = stnp.load_file(str(tmp_path / name))
+        assert sum(v.nbytes for v in part.values()) <= limit
+        assert all(index["weight_map"][k] == name for k in part)
+        merged.update(part)
+    assert_state_equal(merged, state)
+    assert not (tmp_path / "model.safetensors").exists()
+    model = new_model(cfg)
+    load_teacher_checkpoint(model, str(tmp_path))
+    assert_state_equal(cell_state(model), state)
+
+
+def test_resave_other_layout_removes_stale_files(tmp_path):
+    cfg = tiny_cfg()
+    save_teacher_checkpoint(random_teacher_state(cfg, 1), cfg, str(tmp_path), max_shard_bytes=20000)
+    state = random_teacher_state(cfg, 2)
+    save_teacher_checkpoint(state, cfg, str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == ["config.json", "model.safetensors"]
+    model = new_model(cfg)
+    load_teacher_checkpoint(model, str(tmp_path))
+    assert_state_equal(cell_state(model), state)
+
+
+def test_save_model_then_build_teacher(tmp_path):
+    cfg = tiny_cfg()
+    src = build_teacher(cfg, None, batch=1, capacity=8, backend="eager", seed=7)
+    assert_state_equal(cell_state(src), random_teacher_state(cfg, 7))
+    save_teacher_checkpoint(src, cfg, str(tmp_path), max_shard_bytes=30000)
+    cfg_json = json.loads((tmp_path / "config.json").read_text())
+    assert cfg_json["hidden_size"] == 32 and cfg_json["num_key_value_heads"] == 2 and cfg_json["bias"] is True
+    dst = build_teacher(cfg, str(tmp_path), batch=1, capacity=8, backend="eager")
+    assert_state_equal(cell_state(dst), random_teacher_state(cfg, 7))
+
+
+def test_fp16_file_loads_converted(tmp_path):
+    cfg = tiny_cfg()
+    state = random_teacher_state(cfg, 5)
+    save_teacher_checkpoint(state, cfg, str(tmp_path), dtype="float16")
+    assert all(v.dtype == np.float16 for v in stnp.load_file(str(tmp_path / "model.safetensors")).values())
+    model = new_model(cfg)
+    load_teacher_checkpoint(model, str(tmp_path))
+    assert_state_equal(cell_state(model), {k: v.astype(np.float16).astype(np.float32) for k, v in state.items()})
+
+
+def bf16_truncate(x):
+    """fp32 -> (bf16 bits by truncation, the fp32 values those bits mean)."""
+    bits = (np.ascontiguousarray(x, np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    return bits, (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+@pytest.mark.parametrize("compute_dtype", ["float32", "bfloat16"])
+def test_handwritten_bf16_file_loads(tmp_path, compute_dtype):
+    cfg = tiny_cfg(compute_dtype=compute_dtype)
+    state = random_teacher_state(cfg, 6)
+    tensors, want = {}, {}
+    for key, value in state.items():
+        bits, want[key] = bf16_truncate(value)
+        tensors[key] = ("BF16", value.shape, bits.astype("<u2").tobytes())
+    assert not np.array_equal(want[Q_KEY], state[Q_KEY])  # truncation changed the values
+    path = tmp_path / "teacher.safetensors"
+    write_raw_safetensors(path, tensors)
+    model = new_model(cfg)
+    load_teacher_checkpoint(model, str(path))
+    assert_state_equal(cell_state(model), want)  # bf16 -> fp32 and bf16 -> bf16 are both exact
+
+
+def test_fp32_into_fp16_model_and_reader_dtypes(tmp_path):
+    cfg = tiny_cfg(compute_dtype="float16")
+    state = random_teacher_state(cfg, 8)
+    model = new_model(cfg)
+    load_state(model, state)
+    got = {k: v.asnumpy() for k, v in model.parameters_and_names() if k in state}
+    assert all(v.dtype == np.float16 for v in got.values())
+    assert_state_equal({k: v.astype(np.float32) for k, v in got.items()},
+                       {k: v.astype(np.float16).astype(np.float32) for k, v in state.items()})
+    # the reader against files written by the safetensors package, every supported dtype
+    rng = np.random.default_rng(0)
+    arrays = {"f64": rng.standard_normal((2, 3)), "f32": rng.standard_normal(5).astype(np.float32),
+              "f16": rng.standard_normal((4, 1)).astype(np.float16), "i64": np.arange(6).reshape(2, 3),
+              "i32": np.arange(-3, 3, dtype=np.int32), "u8": np.arange(7, dtype=np.uint8),
+              "bool": np.array([True, False, True]), "scalar": np.array(2.5, np.float32)}
+    stnp.save_file(arrays, str(tmp_path / "all.safetensors"))
+    back = read_safetensors(str(tmp_path / "all.safetensors"))
+    for key, value in arrays.items():
+        assert back[key].dtype == value.dtype and back[key].shape == value.shape, key
+        np.testing.assert_array_equal(back[key], value)
+    write_safetensors(str(tmp_path / "ours.safetensors"), arrays, float_dtype="bfloat16")
+    ours = read_safetensors(str(tmp_path / "ours.safetensors"))
+    np.testing.assert_allclose(ours["f32"], arrays["f32"], rtol=2 ** -8)  # bf16: 8 significant bits
+    np.testing.assert_array_equal(ours["i64"], arrays["i64"])
+
+
+def test_inv_freq_key_ignored(tmp_path):
+    cfg = tiny_cfg()
+    state = random_teacher_state(cfg, 9)
+    extra = dict(state)
+    extra["model.layers.0.self_attn.rotary_emb.inv_freq"] = np.ones(4, np.float32)
+    extra["model.layers.3.self_attn.rotary_emb.inv_freq"] = np.ones(4, np.float32)
+    stnp.save_file(extra, str(tmp_path / "model.safetensors"))
+    model = new_model(cfg)
+    load_teacher_checkpoint(model, str(tmp_path))
+    assert_state_equal(cell_state(model), state)
+
+
+# ---------------------------------------------------------------- errors
+
+def error_of(fn, *args):
+    with pytest.raises(CheckpointError) as info:
+        fn(*args)
+    return str(info.value)
+
+
+def test_missing_unexpected_and_misshapen_keys(tmp_path):
+    cfg = tiny_cfg()
+    model = new_model(cfg)
+    before = cell_state(model)
+    state = random_teacher_state(cfg, 1)
+    path = str(tmp_path / "bad.safetensors")
+    cases = {
+        "missing": ({k: v for k, v in state.items() if k != UP_KEY}, [UP_KEY, "(64, 32)", path]),
+        "unexpected": ({**state, "model.layers.9.foo.weight": np.zeros(3, np.float32)},
+                       ["model.layers.9.foo.weight", "(3,)", path]),
+        "shape": ({**state, Q_KEY: np.zeros((32, 31), np.float32)}, [Q_KEY, "(32, 31)", "(32, 32)", path]),
+        "dtype": ({**state, UP_KEY: np.zeros((64, 32), np.int32)}, [UP_KEY, "I32", path]),
+    }
+    for name, (bad, needles) in cases.items():
+        stnp.save_file(bad, path)
+        msg = error_of(load_teacher_checkpoint, model, path)
+        assert all(n in msg for n in needles), (name, msg)
+    msg = error_of(load_state, model, {k: v for k, v in state.items() if k != UP_KEY}, "demo.npz")
+    assert UP_KEY in msg and "(64, 32)" in msg and "demo.npz" in msg
+    assert_state_equal(cell_state(model), before)  # nothing was loaded by a failing call
+    assert isinstance(CheckpointError("x"), ValueError)
+
+
+def test_missing_shard_and_index_entry_without_tensor(tmp_path):
+    cfg = tiny_cfg()
+    save_teacher_checkpoint(random_teacher_state(cfg, 1), cfg, str(tmp_path), max_shard_bytes=20000)
+    index_path = tmp_path / "model.safetensors.index.json"
+    good = index_path.read_text()
+    index = json.loads(good)
+    shards = sorted(set(index["weight_map"].values()))
+    key_elsewhere = next(k for k, v in index["weight_map"].items() if v != shards[0])
+    index["weight_map"][key_elsewhere] = shards[0]
+    index_path.write_text(json.dumps(index))
+    msg = error_of(load_teacher_checkpoint, new_model(cfg), str(tmp_path))
+    assert key_elsewhere in msg and shards[0] in msg
+    index_path.write_text(good)
+    load_teacher_checkpoint(new_model(cfg), str(tmp_path))  # the intact checkpoint loads
+    os.remove(tmp_path / shards[1])
+    msg = error_of(load_teacher_checkpoint, new_model(cfg), str(tmp_path))
+    assert shards[1] in msg and "does not exist" in msg
+
+
+def test_truncated_and_corrupt_files(tmp_path):
+    cfg = tiny_cfg()
+    save_teacher_checkpoint(random_teacher_state(cfg, 1), cfg, str(tmp_path))
+    path = tmp_path / "model.safetensors"
+    data = path.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    variants = {"tail": data[:-10], "in_header": data[:8 + n // 2], "no_length": data[:5],
+                "bad_json": data[:8] + b"{" * n + data[8 + n:]}
+    model = new_model(cfg)
+    for name, blob in variants.items():
+        path.write_bytes(blob)
+        msg = error_of(load_teacher_checkpoint, model, str(tmp_path))
+        assert str(path) in msg, (name, msg)
+    path.write_bytes(data[:-10])
+    assert "truncated" in error_of(load_teacher_checkpoint, model, str(tmp_path))
+    assert "not found" in error_of(load_teacher_checkpoint, model, str(tmp_path / "nope"))
+
+
+def test_config_json_mismatch(tmp_path):
+    cfg = tiny_cfg()
+    save_teacher_checkpoint(random_teacher_state(cfg, 1), cfg, str(tmp_path))
+    other = tiny_cfg(intermediate_size=48, num_hidden_layers=3)
+    msg = error_of(build_teacher, other, str(tmp_path), 1, 8, "eager")
+    assert "intermediate_size: checkpoint 64 != config 48" in msg
+    assert "num_hidden_layers: checkpoint 4 != config 3" in msg and "config.json" in msg
+    msg = error_of(build_teacher, tiny_cfg(bias=False), str(tmp_path), 1, 8, "eager")
+    assert "bias: checkpoint True != config False" in msg
+
+
+def test_save_rejects_state_that_does_not_fit(tmp_path):
+    cfg = tiny_cfg()
+    state = random_teacher_state(cfg, 1)
+    msg = error_of(save_teacher_checkpoint, {**state, Q_KEY: np.zeros((2, 2), np.float32)}, cfg, str(tmp_path))
+    assert Q_KEY in msg and "(2, 2)" in msg
+    assert not os.listdir(tmp_path)
