@@ -73,11 +73,17 @@ class FusedAttention(nn.Cell):
         return ops.logical_not(allowed).astype(ms.uint8).expand_dims(1)
 
     def construct(self, q, k, v, mask):
-        """q [B, Hq, N, D]; k, v [B, Hkv, S, D] -> out [B, N, Hq*D]."""
+        """q [B, Hq, N, D]; k, v [B, Hkv, S, D] -> out [B, N, Hq*D] in q's dtype.
+
+        The op takes only fp16/bf16: fp32 inputs are cast to fp16 for the call and the output back.
+        """
         b, _, n, d = q.shape
+        dtype = q.dtype
+        if dtype == ms.float32:
+            q, k, v = q.astype(ms.float16), k.astype(ms.float16), v.astype(ms.float16)
         out = ops.flash_attention_score(q, k, v, self.num_heads, attn_mask=mask, scalar_value=self.scale,
                                         input_layout="BNSD")  # [B, Hq, N, D]
-        return out.swapaxes(1, 2).reshape(b, n, self.num_heads * d)
+        return out.astype(dtype).swapaxes(1, 2).reshape(b, n, self.num_heads * d)
 
 
 def choose_backend(mode: str, device: str, tree: bool = False) -> str:

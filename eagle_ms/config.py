@@ -125,10 +125,11 @@ class ModelConfig:
             ids = (2, n // 2, n - 3)
             if not ids[0] < ids[1] < ids[2]:  # too few layers for the standard choice (n < 7)
                 ids = (0, n // 2, n - 1)
-        ids = tuple(ids)
-        if len(ids) != 3 or any(not isinstance(i, int) or not 0 <= i < n for i in ids):
+        if not isinstance(ids, (tuple, list)) or len(ids) != 3 or any(
+                isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n for i in ids):
             _fail("model.model_config.aux_layer_ids", self.aux_layer_ids,
                   f"must be 3 layer indices in [0, {n})")
+        ids = tuple(ids)
         if not ids[0] < ids[1] < ids[2]:
             _fail("model.model_config.aux_layer_ids", ids, "must be strictly increasing (low, mid, high)")
         return ids
@@ -227,6 +228,13 @@ class EagleMsConfig:
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     source: str | None = None  # the YAML file this came from (for manifests)
+
+    def __post_init__(self):
+        spec, rt = self.speculative, self.runtime
+        if spec.draft != "none" and spec.budget + 1 > rt.seq_length:
+            _fail("speculative.budget", spec.budget, f"a tree of budget+1 nodes must fit runtime.seq_length {rt.seq_length}")
+        if spec.max_depth + 1 > rt.seq_length:
+            _fail("speculative.max_depth", spec.max_depth, f"max_depth+1 must fit runtime.seq_length {rt.seq_length}")
 
     def replace(self, section: str, **changes) -> "EagleMsConfig":
         """A copy with fields of one section changed (validated again)."""

@@ -1,7 +1,7 @@
 """Shared builders for the model-level tests: tiny seeded Pangu teachers, runners, trees, paths.
 
 Not a conftest: test modules import it (``tests/`` is on ``sys.path`` under pytest's default import
-mode because it has no ``__init__.py``).
+mode because it has no ``__init__.py``). GRAPH_MODE on CPU is set by tests/conftest.py.
 
 Weights: ``eagle_ms.weights.random_teacher_state`` / ``load_state`` (HF names -> float32 arrays), with
 std ~0.3 on a tiny config so the argmax is far from constant.
@@ -9,8 +9,6 @@ std ~0.3 on a tiny config so the argmax is far from constant.
 from __future__ import annotations
 
 import numpy as np
-
-import mindspore as ms
 
 from eagle_ms.config import ModelConfig
 from eagle_ms.models.pangu import PanguForCausalLM
@@ -38,11 +36,6 @@ def make_runner(model, prefill_chunk: int = 8, max_depth: int = 10) -> TeacherRu
     return TeacherRunner(model, prefill_chunk, max_depth + 1)
 
 
-def graph_mode() -> None:
-    ms.set_context(mode=ms.GRAPH_MODE)
-    ms.set_device("CPU")
-
-
 def prompt(seed: int, length: int, vocab: int = TINY.vocab_size) -> np.ndarray:
     return np.random.default_rng(1000 + seed).integers(3, vocab, size=length).astype(np.int32)
 
@@ -65,11 +58,11 @@ def star_parents(m: int) -> list[int]:
 
 
 def binary_parents(m: int) -> list[int]:
-    """Heap order: node k (1-based) has parent k // 2 ... shifted so node 1 and 2 hang off the root.
+    """Complete binary tree in breadth-first order: node k's parent is (k - 1) // 2.
 
     Example m=6: parents [0, 0, 1, 1, 2, 2] (nodes 1,2 children of root; 3,4 of 1; 5,6 of 2).
     """
-    return [0 if k <= 2 else (k - 1) // 2 for k in range(1, m + 1)]
+    return [(k - 1) // 2 for k in range(1, m + 1)]
 
 
 def random_parents(m: int, rng: np.random.Generator, max_depth: int) -> list[int]:
@@ -99,10 +92,6 @@ def leaves(parents) -> list[int]:
     m = len(parents)
     has_child = set(int(p) for p in parents)
     return [k for k in range(m + 1) if k not in has_child] or [0]
-
-
-def tree_depth(parents) -> int:
-    return max((len(root_path(parents, k)) - 1 for k in range(len(parents) + 1)), default=0)
 
 
 def rel_err(a: np.ndarray, b: np.ndarray) -> float:

@@ -351,11 +351,10 @@ def test_bad_aux_layer_ids_raise(ids):
         _cfg(8, aux_layer_ids=ids)
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError,
-                   reason="config.py _resolve_aux_layers: tuple(5) raises TypeError, not ValueError")
-def test_scalar_aux_layer_ids_raise_value_error():
+@pytest.mark.parametrize("ids", [5, (True, 2, 3)])
+def test_non_sequence_or_bool_aux_layer_ids_raise_value_error(ids):
     with pytest.raises(ValueError, match=r"model\.model_config\.aux_layer_ids"):
-        _cfg(8, aux_layer_ids=5)
+        _cfg(8, aux_layer_ids=ids)
 
 
 def test_explicit_aux_layer_ids_kept_and_used():

@@ -142,7 +142,7 @@ def test_tree_mask_matters(teacher):
     t = tensorize(make_tree(root, [5, 6, 9, 9], [0, 0, 1, 2]), length, BUDGET, MAX_DEPTH)
     out = runner.verify(t)
     assert rel_err(out.logits[3], out.logits[4]) > 1e-3
-    # same tokens, same parents at different budgets' padding: padding does not change valid rows
+    # the padding nodes' token (pad_id) does not change any valid row
     t2 = tensorize(make_tree(root, [5, 6, 9, 9], [0, 0, 1, 2]), length, BUDGET, MAX_DEPTH, pad_id=17)
     out2 = runner.verify(t2)
     np.testing.assert_array_equal(out.logits[:5], out2.logits[:5])

@@ -44,12 +44,18 @@ class Attention(nn.Cell):
         self.attn = make_attention(backend, self.num_heads, self.num_kv_heads, d)
 
     def construct(self, x, cos, sin, rows, mask):
-        """x [B,N,H]; cos/sin [B,1,N,D]; rows [B*Hkv*N] cache rows; mask prepared by the backend."""
+        """x [B,N,H]; cos/sin [B,1,N,D]; mask prepared by the backend.
+
+        rows [B*Hkv*N]: cache rows to write (then attend over the whole cache, S = capacity), or None:
+        no cache, attend over the N tokens themselves (S = N; training and feature extraction).
+        """
         b, n, _ = x.shape
         q = self.q_proj(x).reshape(b, n, self.num_heads, self.head_dim).swapaxes(1, 2)
         k = self.k_proj(x).reshape(b, n, self.num_kv_heads, self.head_dim).swapaxes(1, 2)
         v = self.v_proj(x).reshape(b, n, self.num_kv_heads, self.head_dim).swapaxes(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if rows is None:
+            return self.o_proj(self.attn(q, k, v, mask))
         k_all, v_all = self.kv_cache.update(k, v, rows)  # [B, Hkv, S, D]
         return self.o_proj(self.attn(q, k_all, v_all, mask))
 
@@ -108,10 +114,14 @@ class PanguForCausalLM(nn.Cell):
         return CacheMover(self.caches(), self.config.num_key_value_heads, self.capacity)
 
     def construct(self, input_ids, position_ids, cache_slots, attn_mask):
+        rows = flat_rows(cache_slots, self.config.num_key_value_heads, self.capacity)
+        return self.forward(input_ids, position_ids, rows, attn_mask)
+
+    def forward(self, input_ids, position_ids, rows, attn_mask):
+        """The body of ``construct``; ``rows=None`` runs without the cache (attn_mask [B,N,N])."""
         b, n = input_ids.shape
         x = ops.gather(self.model.embed_tokens.weight, input_ids, 0)  # [B, N, H]
         cos, sin = self.rotary(position_ids)
-        rows = flat_rows(cache_slots, self.config.num_key_value_heads, self.capacity)
         mask = self.mask_backend.prepare_mask(attn_mask)
         aux = ()
         for i, layer in enumerate(self.model.layers):
@@ -122,3 +132,18 @@ class PanguForCausalLM(nn.Cell):
         head = self.model.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
         logits = self.matmul_t(x.reshape(b * n, -1), head).astype(ms.float32).reshape(b, n, -1)
         return logits, ops.concat(aux, axis=-1)
+
+
+class PanguFullSequence(nn.Cell):
+    """Cache-free forward of a teacher over whole sequences (training, feature extraction).
+
+    construct(input_ids [B,T] int32, position_ids [B,T] int32, attn_mask [B,T,T] bool) -> (logits, aux).
+    Shares the teacher's parameters; never touches its KV cache.
+    """
+
+    def __init__(self, teacher: PanguForCausalLM):
+        super().__init__()
+        self.teacher = teacher
+
+    def construct(self, input_ids, position_ids, attn_mask):
+        return self.teacher.forward(input_ids, position_ids, None, attn_mask)

