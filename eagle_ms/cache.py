@@ -51,18 +51,25 @@ class KVCache(nn.Cell):
     def update(self, k, v, rows):
         """Write k, v [B, Hkv, N, D] at flat ``rows`` [B*Hkv*N]; return the full caches [B, Hkv, S, D]."""
         d = self.head_dim
-        k_all = self.scatter(self.k_cache, rows, k.reshape(-1, d).astype(self.k_cache.dtype))
-        v_all = self.scatter(self.v_cache, rows, v.reshape(-1, d).astype(self.v_cache.dtype))
+        k_done = self.scatter(self.k_cache, rows, k.reshape(-1, d).astype(self.k_cache.dtype))
+        v_done = self.scatter(self.v_cache, rows, v.reshape(-1, d).astype(self.v_cache.dtype))
+        k_all = ops.depend(self.k_cache, k_done)
+        v_all = ops.depend(self.v_cache, v_done)
         shape = (self.batch, self.num_kv_heads, self.capacity, d)
         return k_all.reshape(shape), v_all.reshape(shape)
 
     def move(self, src_rows, dst_rows):
-        """Copy rows ``src_rows`` to ``dst_rows`` (both [K] int32) in K and V; gathers happen first."""
+        """Copy rows ``src_rows`` to ``dst_rows`` (both [K] int32) in K and V; gathers happen first.
+
+        Returns one gathered element (a scalar) as the graph output: returning anything computed from
+        the whole updated cache would copy it (measured: 20 ms vs 0.4 ms for 24 caches of 1 MB).
+        The scatters are kept by MindSpore's side-effect ordering (auto-monad) although unused.
+        """
         k_src = ops.gather(self.k_cache, src_rows, 0)
         v_src = ops.gather(self.v_cache, src_rows, 0)
-        k_out = self.scatter(self.k_cache, dst_rows, k_src)
-        v_out = self.scatter(self.v_cache, dst_rows, v_src)
-        return ops.depend(k_out.sum() + v_out.sum(), v_out)
+        self.scatter(self.k_cache, dst_rows, k_src)
+        self.scatter(self.v_cache, dst_rows, v_src)
+        return k_src[0, 0]
 
 
 class CacheMover(nn.Cell):

@@ -1,4 +1,7 @@
-"""Time warm teacher calls with N query tokens: python scripts/time_teacher_calls.py --config C [--sizes 1,17,65]."""
+"""Time warm teacher calls with N query tokens, plus host tensorize+mask, a commit copy and a decode step.
+
+    python scripts/time_teacher_calls.py --config C [--sizes 1,17,65] [--set key=value ...]
+"""
 import argparse
 import json
 import os
@@ -16,7 +19,7 @@ def main():
     p.add_argument("--context", type=int, default=256)
     args = p.parse_args()
     import yaml
-    from eagle_ms.bench.calls import time_teacher_calls
+    from eagle_ms.bench.calls import time_step_stages, time_teacher_calls
     from eagle_ms.config import load_config
     from eagle_ms.runtime import build_runner, setup_context
 
@@ -25,9 +28,11 @@ def main():
     runner = build_runner(cfg)
     sizes = [int(s) for s in args.sizes.split(",")]
     res = time_teacher_calls(runner, sizes, args.repeats, args.context)
+    stages = time_step_stages(runner, [s - 1 for s in sizes if s > 1], repeats=args.repeats, context=args.context)
     m = cfg.model
     print(json.dumps({"config": args.config, "overrides": args.set, "layers": m.num_hidden_layers,
-                      "hidden": m.hidden_size, "context": args.context, "calls": res}))
+                      "hidden": m.hidden_size, "context": args.context, "calls": res,
+                      "stages_ms": stages}))
 
 
 if __name__ == "__main__":

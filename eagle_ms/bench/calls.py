@@ -38,3 +38,52 @@ def time_teacher_calls(runner, sizes, repeats: int = 30, context: int = 256, see
             times[n].append(time.perf_counter() - t0)
     return {n: {"median_ms": 1e3 * float(np.median(t)), "p90_ms": 1e3 * float(np.percentile(t, 90)),
                 "repeats": repeats} for n, t in times.items()}
+
+
+def _random_tree(root: int, m: int, max_depth: int, vocab: int, rng) -> DraftTree:
+    """A random connected tree of m nodes with depth <= max_depth (parents precede children)."""
+    parents, depth = [], [0]
+    for k in range(1, m + 1):
+        candidates = [j for j in range(k) if depth[j] < max_depth]
+        p = int(rng.choice(candidates))
+        parents.append(p)
+        depth.append(depth[p] + 1)
+    return DraftTree(root, rng.integers(0, vocab, m), np.array(parents), np.zeros(m))
+
+
+def time_step_stages(runner, budgets, max_depth: int = 10, repeats: int = 30, context: int = 256,
+                     seed: int = 0) -> dict:
+    """Median ms of tensorize + verify mask (host, per budget), a commit-by-path copy, and a decode step."""
+    from eagle_ms.tree import verify_attention_mask
+
+    rng = np.random.default_rng(seed)
+    vocab = runner.model.config.vocab_size
+    runner.prefill(rng.integers(0, vocab, context).astype(np.int32))
+    out = {}
+    for m in budgets:
+        tree = _random_tree(1, m, max_depth, vocab, rng)
+        t = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            verify_attention_mask(tensorize(tree, runner.length, m, max_depth), runner.capacity)
+            t.append(time.perf_counter() - t0)
+        out[f"tensorize_mask_M{m}_ms"] = 1e3 * float(np.median(t))
+    width = runner.cache.width
+    src = np.arange(runner.length, runner.length + width, dtype=np.int32)[None]
+    from mindspore import Tensor
+    runner.cache.mover(Tensor(src[:, ::-1].copy()), Tensor(src))  # compile
+    t = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        runner.cache.mover(Tensor(src[:, ::-1].copy()), Tensor(src)).asnumpy()
+        t.append(time.perf_counter() - t0)
+    out["commit_copy_ms"] = 1e3 * float(np.median(t))
+    one = tensorize(DraftTree(1, np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)), runner.length, 0, 1)
+    runner.verify(one)
+    t = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        runner.verify(one)
+        t.append(time.perf_counter() - t0)
+    out["decode_step_ms"] = 1e3 * float(np.median(t))
+    return out

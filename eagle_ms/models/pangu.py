@@ -119,7 +119,11 @@ class PanguForCausalLM(nn.Cell):
 
     def forward(self, input_ids, position_ids, rows, attn_mask):
         """The body of ``construct``; ``rows=None`` runs without the cache (attn_mask [B,N,N])."""
-        b, n = input_ids.shape
+        hidden, aux = self.hidden_states(input_ids, position_ids, rows, attn_mask)
+        return self.lm_logits(hidden), aux
+
+    def hidden_states(self, input_ids, position_ids, rows, attn_mask):
+        """(final-norm hidden [B,N,H] in the compute dtype, aux [B,N,3H]); arguments as ``forward``."""
         x = ops.gather(self.model.embed_tokens.weight, input_ids, 0)  # [B, N, H]
         cos, sin = self.rotary(position_ids)
         mask = self.mask_backend.prepare_mask(attn_mask)
@@ -128,10 +132,13 @@ class PanguForCausalLM(nn.Cell):
             if self.aux_flags[i]:
                 aux = aux + (x,)
             x = layer(x, cos, sin, rows, mask)
-        x = self.model.norm(x)
+        return self.model.norm(x), ops.concat(aux, axis=-1)
+
+    def lm_logits(self, hidden):
+        """hidden [B,N,H] (final-norm) -> logits [B,N,V] fp32 through the (possibly tied) lm_head."""
+        b, n, _ = hidden.shape
         head = self.model.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
-        logits = self.matmul_t(x.reshape(b * n, -1), head).astype(ms.float32).reshape(b, n, -1)
-        return logits, ops.concat(aux, axis=-1)
+        return self.matmul_t(hidden.reshape(b * n, -1), head).astype(ms.float32).reshape(b, n, -1)
 
 
 class PanguFullSequence(nn.Cell):

@@ -1,0 +1,229 @@
+"""EAGLE-3 draft model as MindSpore Cells: one decoder layer over [token embedding; fused teacher feature].
+
+Architecture (SafeAILab ``cnets.py`` / SGLang / vLLM ``LlamaForCausalLMEagle3``; anchors.md §2.1):
+
+    feature  = fc(teacher_aux)          teacher_aux [B,N,3*Ht] (low|mid|high)  -- "extend" inputs only
+             | own hidden               the draft's previous pre-norm output [B,N,H]  -- "expand" inputs
+    emb      = embed_tokens[input_ids]  the teacher's (frozen) token embedding
+    x        = concat(input_layernorm(emb), hidden_norm(feature))             [B,N,2H]
+    h        = feature + o_proj(attn(q,k,v = proj(x)))                         residual on the feature
+    h        = h + mlp(post_attention_layernorm(h))                            pre-norm output = next feature
+    logprob  = log_softmax(lm_head(norm(h)))                                   over the draft vocabulary
+    target   = draft_id + d2t[draft_id]                                        reduced vocab -> teacher ids
+
+Input alignment (EAGLE): pair j = (feature of position j, token at position j+1) predicts the token at
+j+2; pair j has RoPE position j and, when committed, draft-cache slot j.
+
+Two fixed-shape graphs share ONE set of weights and ONE static KV cache:
+
+    Eagle3Draft  (extend): (input_ids [B,N] i32, features [B,N,3Ht], position_ids [B,N] i32,
+                            cache_slots [B,N] i32, attn_mask [B,N,S] bool)
+    Eagle3Expand (expand): same, but features are the draft's own hidden [B,N,H] (no fc)
+
+both returning ``(topk_logprob [B,N,K] f32, topk_target_ids [B,N,K] i32, hidden [B,N,H])`` with the
+top-k taken in the graph. K/V of the N rows are written at ``cache_slots`` before attention; the mask
+(True = may attend to that slot) is the single mask source, converted by the attention backend.
+
+Token embedding: the draft SHARES the teacher's ``model.embed_tokens.weight`` Parameter when it is
+built from a teacher Cell (no second [V, H] copy on the device, identical by construction, and frozen
+because inference never writes it); without a teacher Cell it owns a frozen copy (``requires_grad``
+False) loaded from the teacher checkpoint. Either way it is not draft-checkpoint content.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
+
+from eagle_ms.attention import make_attention
+from eagle_ms.cache import KVCache, flat_rows
+from eagle_ms.models.layers import DTYPES, MLP, Linear, RMSNorm, Rotary, apply_rope
+
+
+def _fail(key: str, value, why: str) -> None:
+    raise ValueError(f"draft config '{key}' = {value!r}: {why}")
+
+
+@dataclass(frozen=True)
+class Eagle3Config:
+    """EAGLE-3 draft architecture (the fields of an EAGLE-3 ``config.json``, see docs/eagle3_format.md).
+
+    ``vocab_size`` / ``target_hidden_size`` / ``aux_layer_ids`` describe the TEACHER the draft was
+    trained for; they must match it (checked by ``eagle_ms.draft_weights.check_draft_matches_teacher``).
+    """
+
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int  # teacher (target) vocabulary
+    draft_vocab_size: int  # lm_head rows
+    target_hidden_size: int  # teacher hidden size; fc is Linear(3 * target_hidden_size -> hidden_size)
+    aux_layer_ids: tuple[int, int, int]  # teacher layers whose INPUT hidden states are the features
+    head_dim: int | None = None  # None -> hidden_size // num_attention_heads
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+
+    def __post_init__(self):
+        for name in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                     "vocab_size", "draft_vocab_size", "target_hidden_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                _fail(name, value, "must be an integer >= 1")
+        if self.draft_vocab_size > self.vocab_size:
+            _fail("draft_vocab_size", self.draft_vocab_size, f"must be <= vocab_size {self.vocab_size}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            _fail("num_key_value_heads", self.num_key_value_heads,
+                  f"must divide num_attention_heads {self.num_attention_heads}")
+        if self.head_dim is None:
+            if self.hidden_size % self.num_attention_heads:
+                _fail("hidden_size", self.hidden_size, "must be divisible by num_attention_heads")
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        if isinstance(self.head_dim, bool) or not isinstance(self.head_dim, int) or self.head_dim < 2 \
+                or self.head_dim % 2:
+            _fail("head_dim", self.head_dim, "must be an even integer >= 2 (rotary embedding)")
+        for name in ("rope_theta", "rms_norm_eps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                _fail(name, value, "must be a number > 0")
+        ids = self.aux_layer_ids
+        if not isinstance(ids, (tuple, list)) or len(ids) != 3 or any(
+                isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids):
+            _fail("aux_layer_ids", ids, "must be 3 non-negative layer indices")
+        object.__setattr__(self, "aux_layer_ids", tuple(ids))
+
+
+class DraftAttention(nn.Cell):
+    """Self-attention whose q/k/v read the 2H concat; no biases (as the official drafts)."""
+
+    def __init__(self, cfg: Eagle3Config, batch: int, capacity: int, backend: str, dtype):
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
+        self.q_proj = Linear(2 * h, self.num_heads * d, False, dtype)
+        self.k_proj = Linear(2 * h, self.num_kv_heads * d, False, dtype)
+        self.v_proj = Linear(2 * h, self.num_kv_heads * d, False, dtype)
+        self.o_proj = Linear(self.num_heads * d, h, False, dtype)
+        self.kv_cache = KVCache(batch, self.num_kv_heads, capacity, d, dtype)
+        self.attn = make_attention(backend, self.num_heads, self.num_kv_heads, d)
+
+    def construct(self, x, cos, sin, rows, mask):
+        """x [B,N,2H]; rows [B*Hkv*N] cache rows to write, or None (attend over the N rows only)."""
+        b, n, _ = x.shape
+        q = self.q_proj(x).reshape(b, n, self.num_heads, self.head_dim).swapaxes(1, 2)
+        k = self.k_proj(x).reshape(b, n, self.num_kv_heads, self.head_dim).swapaxes(1, 2)
+        v = self.v_proj(x).reshape(b, n, self.num_kv_heads, self.head_dim).swapaxes(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if rows is None:
+            return self.o_proj(self.attn(q, k, v, mask))
+        k_all, v_all = self.kv_cache.update(k, v, rows)  # [B, Hkv, S, D]
+        return self.o_proj(self.attn(q, k_all, v_all, mask))
+
+
+class DraftMidLayer(nn.Cell):
+    """The EAGLE-3 decoder layer (HF names under ``midlayer.``)."""
+
+    def __init__(self, cfg: Eagle3Config, batch: int, capacity: int, backend: str, dtype):
+        super().__init__()
+        h = cfg.hidden_size
+        self.input_layernorm = RMSNorm(h, cfg.rms_norm_eps, dtype)
+        self.hidden_norm = RMSNorm(h, cfg.rms_norm_eps, dtype)
+        self.self_attn = DraftAttention(cfg, batch, capacity, backend, dtype)
+        self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps, dtype)
+        self.mlp = MLP(h, cfg.intermediate_size, dtype)
+
+    def construct(self, emb, feature, cos, sin, rows, mask):
+        """emb, feature [B,N,H] -> pre-norm output [B,N,H] (residual on the feature, not the embedding)."""
+        x = ops.concat((self.input_layernorm(emb), self.hidden_norm(feature)), axis=-1)  # [B,N,2H]
+        h = feature + self.self_attn(x, cos, sin, rows, mask)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Eagle3Draft(nn.Cell):
+    """The draft; ``construct`` is the ``extend`` graph (teacher features through fc).
+
+    ``embed``: the teacher's embedding Parameter [V, H] to share, or None to own a frozen copy (set it
+    with ``eagle_ms.draft_weights.load_draft_state(..., embed=array)``). ``top_k``: K of the in-graph top-k.
+    ``capacity``: slots of the draft KV cache (committed region + scratch, see eagle_ms.eagle3_drafter).
+    """
+
+    def __init__(self, cfg: Eagle3Config, batch: int, capacity: int, top_k: int, backend: str = "eager",
+                 compute_dtype: str = "float32", embed: Parameter | None = None):
+        super().__init__()
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= cfg.draft_vocab_size:
+            raise ValueError(f"top_k={top_k!r} must be an integer in [1, draft_vocab_size={cfg.draft_vocab_size}]")
+        dt = DTYPES[compute_dtype]
+        self.config = cfg
+        self.batch, self.capacity, self.top_k, self.backend = batch, capacity, top_k, backend
+        self.compute_dtype = compute_dtype
+        h = cfg.hidden_size
+        self.embed_tokens = nn.Cell()
+        if embed is None:
+            weight = Parameter(Tensor(np.zeros((cfg.vocab_size, h)), dt), name="weight", requires_grad=False)
+            self.shares_embedding = False
+        else:
+            if tuple(embed.shape) != (cfg.vocab_size, h):
+                raise ValueError(f"shared embedding has shape {tuple(embed.shape)}, the draft needs "
+                                 f"[vocab_size={cfg.vocab_size}, hidden_size={h}]")
+            weight = embed
+            self.shares_embedding = True
+        self.embed_tokens.weight = weight
+        self.fc = Linear(3 * cfg.target_hidden_size, h, False, dt)
+        self.midlayer = DraftMidLayer(cfg, batch, capacity, backend, dt)
+        self.norm = RMSNorm(h, cfg.rms_norm_eps, dt)
+        self.lm_head = Linear(h, cfg.draft_vocab_size, False, dt)
+        # target id = draft id + d2t[draft id]; zeros = identity (draft vocab == target vocab)
+        self.d2t = Parameter(Tensor(np.zeros(cfg.draft_vocab_size, np.int32)), name="d2t", requires_grad=False)
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta)
+        self.mask_backend = self.midlayer.self_attn.attn
+        self.matmul_t = ops.MatMul(transpose_b=True)
+        self.t2d = None  # host-side bool [V] (set by eagle_ms.draft_weights.load_draft_state); not in graphs
+
+    def construct(self, input_ids, features, position_ids, cache_slots, attn_mask):
+        """extend: features [B,N,3Ht] are teacher aux features (fc applied). Returns (logprob, ids, hidden)."""
+        feature = self.fc(features.astype(self.fc.weight.dtype))
+        return self.step(input_ids, feature, position_ids, cache_slots, attn_mask)
+
+    def step(self, input_ids, feature, position_ids, cache_slots, attn_mask):
+        """One cached draft step over N rows whose feature [B,N,H] is already in the draft's width.
+
+        The returned hidden is fp32 (exact for fp16/bf16 compute; cast back when fed in again).
+        """
+        rows = flat_rows(cache_slots, self.config.num_key_value_heads, self.capacity)
+        hidden = self.layer(input_ids, feature.astype(self.fc.weight.dtype), position_ids, rows, attn_mask)
+        logprob, ids = self.topk(hidden)
+        return logprob, ids, hidden.astype(ms.float32)
+
+    def layer(self, input_ids, feature, position_ids, rows, attn_mask):
+        """Pre-norm midlayer output [B,N,H]; ``rows=None`` runs cache-free (attn_mask [B,N,N])."""
+        emb = ops.gather(self.embed_tokens.weight, input_ids, 0).astype(feature.dtype)  # [B,N,H]
+        cos, sin = self.rotary(position_ids)
+        mask = self.mask_backend.prepare_mask(attn_mask)
+        return self.midlayer(emb, feature, cos, sin, rows, mask)
+
+    def logprobs(self, hidden):
+        """hidden [B,N,H] -> log-softmax over the draft vocabulary [B,N,Vd] fp32."""
+        b, n, _ = hidden.shape
+        x = self.norm(hidden)
+        logits = self.matmul_t(x.reshape(b * n, -1), self.lm_head.weight).astype(ms.float32)
+        return ops.log_softmax(logits, axis=-1).reshape(b, n, -1)
+
+    def topk(self, hidden):
+        """hidden [B,N,H] -> (top-K log-probs [B,N,K] fp32 descending, their TARGET ids [B,N,K] int32)."""
+        values, draft_ids = ops.topk(self.logprobs(hidden), self.top_k, dim=-1, largest=True, sorted=True)
+        draft_ids = draft_ids.astype(ms.int32)
+        return values, draft_ids + ops.gather(self.d2t, draft_ids, 0)
+
+
+class Eagle3Expand(nn.Cell):
+    """The ``expand`` graph over the same weights and cache: features are the draft's own hidden [B,N,H]."""
+
+    def __init__(self, draft: Eagle3Draft):
+        super().__init__(auto_prefix=False)  # never rename the draft's (or the shared teacher's) parameters
+        self.draft = draft
+
+    def construct(self, input_ids, hidden, position_ids, cache_slots, attn_mask):
+        return self.draft.step(input_ids, hidden, position_ids, cache_slots, attn_mask)
