@@ -1,0 +1,122 @@
+"""Config: YAML via MindFormerConfig (base_config inheritance), validation errors naming key and value,
+HF config.json round trip, and the shipped configs."""
+import json
+import os
+
+import pytest
+
+from eagle_ms.config import (ModelConfig, config_from_dict, load_config, model_config_from_hf,
+                             model_config_to_hf)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BASE = {"model": {"model_config": {"vocab_size": 100, "hidden_size": 32, "intermediate_size": 64,
+                                   "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2}}}
+
+
+@pytest.mark.parametrize("name", ["tiny.yaml", "demo.yaml", "pangu_embedded_1b.yaml", "pangu_embedded_7b.yaml"])
+def test_shipped_configs_load(name):
+    cfg = load_config(os.path.join(REPO, "configs", name))
+    assert cfg.model.head_dim * cfg.model.num_attention_heads >= cfg.model.hidden_size // 2
+    assert len(cfg.model.aux_layer_ids) == 3
+
+
+def test_openpangu_7b_shapes_and_aux_layers():
+    m = load_config(os.path.join(REPO, "configs", "pangu_embedded_7b.yaml")).model
+    assert (m.hidden_size, m.intermediate_size, m.num_hidden_layers) == (4096, 12800, 34)
+    assert (m.num_attention_heads, m.num_key_value_heads, m.head_dim) == (32, 8, 128)
+    assert (m.vocab_size, m.rope_theta, m.eos_token_id, m.bias) == (153376, 1.6e7, 45892, True)
+    assert m.aux_layer_ids == (2, 17, 31)  # inputs of layers 2, N//2, N-3 for N = 34
+
+
+def test_base_config_inheritance_and_overrides(tmp_path):
+    base = tmp_path / "base.yaml"
+    base.write_text("run_mode: predict\nmodel:\n  model_config:\n    vocab_size: 100\n    hidden_size: 32\n"
+                    "    intermediate_size: 64\n    num_hidden_layers: 4\n    num_attention_heads: 4\n"
+                    "    num_key_value_heads: 2\nruntime:\n  seq_length: 256\n")
+    child = tmp_path / "child.yaml"
+    child.write_text("base_config: base.yaml\nruntime:\n  seq_length: 128\nspeculative:\n  budget: 8\n")
+    cfg = load_config(str(child), {"speculative.max_depth": 5})
+    assert cfg.model.hidden_size == 32  # inherited
+    assert cfg.runtime.seq_length == 128  # child wins
+    assert (cfg.speculative.budget, cfg.speculative.max_depth) == (8, 5)  # child + override
+
+
+@pytest.mark.parametrize("path, value, key", [
+    (("model", "model_config", "hidden_size"), 30, "model.model_config.hidden_size"),
+    (("model", "model_config", "num_key_value_heads"), 3, "model.model_config.num_key_value_heads"),
+    (("model", "model_config", "compute_dtype"), "fp8", "model.model_config.compute_dtype"),
+    (("model", "model_config", "eos_token_id"), 100, "model.model_config.eos_token_id"),
+    (("model", "model_config", "bias"), "yes", "model.model_config.bias"),
+    (("model", "model_config", "hiden_size"), 32, "model.model_config.hiden_size"),
+    (("runtime", "seq_length"), 1, "runtime.seq_length"),
+    (("runtime", "prefill_chunk"), 4096, "runtime.prefill_chunk"),
+    (("runtime", "exec_mode"), "eager", "runtime.exec_mode"),
+    (("speculative", "budget"), 0, "speculative.budget"),
+    (("speculative", "mode"), "fast", "speculative.mode"),
+    (("speculative", "draft"), "medusa", "speculative.draft"),
+    (("speculative", "test_draft_error_rate"), 1.5, "speculative.test_draft_error_rate"),
+    (("generation", "max_new_tokens"), -1, "generation.max_new_tokens"),
+    (("runtime", "sequence_length"), 10, "runtime.sequence_length"),
+])
+def test_bad_values_name_key_and_value(path, value, key):
+    data = json.loads(json.dumps(BASE))
+    node = data
+    for part in path[:-1]:
+        node = node.setdefault(part, {})
+    node[path[-1]] = value
+    with pytest.raises(ValueError) as err:
+        config_from_dict(data)
+    assert key in str(err.value) and repr(value) in str(err.value)
+
+
+def test_cross_checks_budget_and_depth_fit_capacity():
+    data = json.loads(json.dumps(BASE))
+    data["runtime"] = {"seq_length": 16, "prefill_chunk": 8}
+    data["speculative"] = {"draft": "test", "budget": 16}
+    with pytest.raises(ValueError, match="speculative.budget"):
+        config_from_dict(data)
+    data["speculative"] = {"max_depth": 16}
+    with pytest.raises(ValueError, match="speculative.max_depth"):
+        config_from_dict(data)
+
+
+def test_eagle3_requires_draft_path():
+    data = json.loads(json.dumps(BASE))
+    data["speculative"] = {"draft": "eagle3"}
+    with pytest.raises(ValueError, match="speculative.draft_path"):
+        config_from_dict(data)
+
+
+def test_missing_file_and_missing_model_section(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.yaml"):
+        load_config(str(tmp_path / "nope.yaml"))
+    with pytest.raises(ValueError, match="model.model_config"):
+        config_from_dict({"runtime": {}})
+
+
+def test_hf_config_json_round_trip_and_openpangu_spelling(tmp_path):
+    cfg = ModelConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=8,
+                      num_attention_heads=4, num_key_value_heads=2, rope_theta=16e6, bias=True)
+    (tmp_path / "config.json").write_text(json.dumps(model_config_to_hf(cfg)))
+    back = model_config_from_hf(str(tmp_path))
+    assert back == cfg
+    # openPangu's own config.json: eos as an int, "bias", no aux ids -> defaults (2, L//2, L-3)
+    raw = {"architectures": ["PanguEmbeddedForCausalLM"], "vocab_size": 100, "hidden_size": 32,
+           "intermediate_size": 64, "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "rope_theta": 16000000.0, "bias": True, "eos_token_id": 45, "torch_dtype": "bfloat16"}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    m = model_config_from_hf(str(tmp_path), compute_dtype="bfloat16")
+    assert (m.bias, m.eos_token_id, m.aux_layer_ids, m.compute_dtype) == (True, 45, (2, 4, 5), "bfloat16")
+    # Llama spelling attention_bias
+    raw.pop("bias")
+    raw["attention_bias"] = False
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    assert model_config_from_hf(str(tmp_path)).bias is False
+
+
+def test_hf_config_errors_name_the_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        model_config_from_hf(str(tmp_path))
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        model_config_from_hf(str(tmp_path))
