@@ -163,6 +163,7 @@ class RuntimeConfig:
     batch_size: int = 1
     prefill_chunk: int = 64  # prompts are prefilled in chunks of this many tokens (one compiled graph)
     seed: int = 0
+    attention_windows: tuple[int, ...] | None = None  # attend only to slots [0, W), W = smallest window >= L+N
 
     def __post_init__(self):
         _check_choice("runtime.device_target", self.device_target, DEVICES)
@@ -173,6 +174,12 @@ class RuntimeConfig:
         _check_int("runtime.seed", self.seed, 0)
         if self.prefill_chunk > self.seq_length:
             _fail("runtime.prefill_chunk", self.prefill_chunk, f"must be <= seq_length {self.seq_length}")
+        if self.attention_windows is not None:
+            windows = self.attention_windows
+            if not isinstance(windows, (list, tuple)) or any(
+                    isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= self.seq_length for w in windows):
+                _fail("runtime.attention_windows", windows, f"must be a list of ints in [1, seq_length {self.seq_length}]")
+            object.__setattr__(self, "attention_windows", tuple(sorted(set(windows))))
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,8 @@ def build_runner(cfg: EagleMsConfig):
     backend = choose_backend(decode_mode(cfg), cfg.runtime.device_target, tree=cfg.speculative.draft != "none")
     model = build_teacher(cfg.model, cfg.checkpoint, cfg.runtime.batch_size, cfg.runtime.seq_length,
                           backend, seed=cfg.runtime.seed)
-    return TeacherRunner(model, cfg.runtime.prefill_chunk, cfg.speculative.max_depth + 1)
+    return TeacherRunner(model, cfg.runtime.prefill_chunk, cfg.speculative.max_depth + 1,
+                         cfg.runtime.attention_windows)
 
 
 def decode_settings(cfg: EagleMsConfig, speculative: bool) -> DecodeSettings:

@@ -25,11 +25,18 @@ class Session:
         self.speculative = cfg.speculative.draft != "none"
         self.settings = decode_settings(cfg, self.speculative)
         self.baseline_settings = decode_settings(cfg, False)
+        self.eagle3 = None
+        if cfg.speculative.draft == "eagle3":
+            from eagle_ms.eagle3_drafter import build_eagle3_drafter
+
+            self.eagle3 = build_eagle3_drafter(cfg, self.runner)
 
     def warm_up(self) -> None:
         """Compile every graph a generation will use (prefill chunk, N=1, N=budget+1, cache mover)."""
         sizes = {1, self.settings.budget + 1} if self.speculative else {1}
-        self.runner.warm_up(sorted(sizes), self.settings.max_depth)
+        self.runner.warm_up(sorted(sizes))
+        if self.eagle3 is not None:
+            self.eagle3.warm_up()
 
     def make_drafter(self, prompt_ids) -> object | None:
         """The configured drafter for one prompt (the test drafter needs the teacher-only answer first)."""
@@ -42,8 +49,10 @@ class Session:
             base = generate(self.runner, prompt_ids, self.baseline_settings)
             return OracleDrafter(base.tokens, self.cfg.model.vocab_size, spec.budget, spec.max_depth,
                                  spec.test_draft_error_rate, spec.test_draft_branching, self.cfg.runtime.seed)
+        if spec.draft == "eagle3":
+            return self.eagle3  # one compiled draft per session; begin() resets it per prompt
         raise ValueError(f"speculative.draft {spec.draft!r} is not available in this build "
-                         "(available: none, test)")
+                         "(available: none, test, eagle3)")
 
     def run(self, prompt_ids, drafter=None) -> GenerationResult:
         settings = self.settings if drafter is not None else self.baseline_settings

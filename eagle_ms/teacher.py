@@ -16,7 +16,7 @@ import numpy as np
 from mindspore import Tensor
 
 from eagle_ms.cache import BranchCache
-from eagle_ms.tree import DraftTree, TreeTensors, tensorize, verify_attention_mask
+from eagle_ms.tree import TreeTensors, verify_attention_mask
 
 
 def causal_chunk_mask(committed_len: int, n: int, capacity: int) -> np.ndarray:
@@ -40,11 +40,24 @@ class TeacherOutput:
 class TeacherRunner:
     """Owns the teacher Cell's committed length and issues its fixed-shape calls (batch 1)."""
 
-    def __init__(self, model, prefill_chunk: int, commit_width: int):
+    def __init__(self, model, prefill_chunk: int, commit_width: int, attention_windows=None):
         self.model = model
         self.capacity = model.capacity
         self.prefill_chunk = prefill_chunk
         self.cache = BranchCache(self.capacity, model.make_mover(), commit_width)
+        windows = sorted(set(attention_windows or ())) + [self.capacity]
+        self.windows = tuple(w for w in windows if w <= self.capacity)
+
+    def window(self, end: int) -> int:
+        """Attention window for a call whose last written slot is ``end - 1``: the smallest configured
+        window >= end. Attention reads only cache slots [0, window); each window is one more graph per N.
+
+        Example: windows (256, 512, 2048), L=300, N=17 -> end 317 -> window 512.
+        """
+        for w in self.windows:
+            if w >= end:
+                return w
+        raise ValueError(f"KV cache full: {end} slots needed, capacity {self.capacity}")
 
     @property
     def length(self) -> int:
@@ -81,7 +94,8 @@ class TeacherRunner:
             ids = np.zeros(chunk, np.int32)
             ids[: real.size] = real
             slots = self.cache.branch_slots(chunk)
-            lg, ax = self._call(ids, slots, slots, causal_chunk_mask(self.length, chunk, self.capacity))
+            width = self.window(self.length + chunk)
+            lg, ax = self._call(ids, slots, slots, causal_chunk_mask(self.length, chunk, width))
             logits.append(lg[: real.size])
             aux.append(ax[: real.size])
             self.cache.commit_by_length(real.size - 1)
@@ -91,7 +105,7 @@ class TeacherRunner:
     def verify(self, tensors: TreeTensors) -> TeacherOutput:
         """One tree-masked forward over all N nodes at slots [L, L+N); the committed prefix is untouched."""
         assert tensors.committed_len == self.length, "tree tensorised for another committed length"
-        allowed = verify_attention_mask(tensors, self.capacity)
+        allowed = verify_attention_mask(tensors, self.window(self.length + tensors.num_nodes))
         logits, aux = self._call(tensors.tokens, tensors.position_ids, tensors.cache_slots, allowed)
         return TeacherOutput(logits, aux, logits.argmax(-1))
 
@@ -100,20 +114,23 @@ class TeacherRunner:
         outs = []
         for tok in np.asarray(tokens, dtype=np.int32):
             slot = self.cache.branch_slots(1)
-            outs.append(self._call(np.array([tok]), slot, slot, causal_chunk_mask(self.length, 1, self.capacity)))
+            width = self.window(self.length + 1)
+            outs.append(self._call(np.array([tok]), slot, slot, causal_chunk_mask(self.length, 1, width)))
             self.cache.commit_by_length(0)
         logits = np.concatenate([o[0] for o in outs])
         return TeacherOutput(logits, np.concatenate([o[1] for o in outs]), logits.argmax(-1))
 
-    def warm_up(self, query_sizes, max_depth: int) -> None:
-        """Compile the prefill-chunk graph, a verify graph per N in ``query_sizes`` and the cache mover.
-
-        Uses a one-token dummy prompt; leaves the cache empty (length 0).
+    def warm_up(self, query_sizes) -> None:
+        """Compile every graph a generation can use: the prefill chunk and each N in ``query_sizes``,
+        for every attention window (a call ending exactly at the window uses it), and the cache mover.
+        Writes dummy K/V beyond the committed region only; leaves the cache empty (length 0).
         """
-        self.prefill(np.zeros(1, np.int32))
-        for n in query_sizes:
-            empty = DraftTree(0, np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0))
-            self.verify(tensorize(empty, self.length, n - 1, max_depth))
+        for w in self.windows:
+            for n in sorted(set(query_sizes) | {self.prefill_chunk}):
+                if n > w:
+                    continue  # n tokens can never end inside this window
+                slots = np.arange(w - n, w, dtype=np.int32)
+                self._call(np.zeros(n, np.int32), slots, slots, causal_chunk_mask(w - n, n, w))
         if self.cache.mover is not None and self.capacity >= self.cache.width:
             ident = np.arange(self.cache.width, dtype=np.int32)[None]
             self.cache.mover(Tensor(ident), Tensor(ident))

@@ -7,10 +7,11 @@ with bias when ``bias`` is true, optional tied embeddings. Parameter names equal
 One forward serves prefill chunks, single-token decode and tree verification:
 
     logits, aux = model(input_ids [B,N] int32, position_ids [B,N] int32,
-                        cache_slots [B,N] int32, attn_mask [B,N,S] bool)
+                        cache_slots [B,N] int32, attn_mask [B,N,W] bool)
 
 * K/V of the N tokens are written in place into the static cache at ``cache_slots`` before attention;
-* ``attn_mask`` is the single mask source (True = may attend to that cache slot);
+* ``attn_mask`` is the single mask source (True = may attend to that cache slot); its width W <= S
+  selects the attention window: only cache slots [0, W) are read (one graph per (N, W));
 * ``logits`` [B,N,V] fp32; ``aux`` [B,N,3H]: the hidden states *entering* layers ``aux_layer_ids``
   (EAGLE-3 low/mid/high features), concatenated in that order.
 
@@ -57,6 +58,9 @@ class Attention(nn.Cell):
         if rows is None:
             return self.o_proj(self.attn(q, k, v, mask))
         k_all, v_all = self.kv_cache.update(k, v, rows)  # [B, Hkv, S, D]
+        window = mask.shape[-1]  # static: the mask's width selects the attention window [0, window)
+        if window < k_all.shape[2]:
+            k_all, v_all = k_all[:, :, :window], v_all[:, :, :window]
         return self.o_proj(self.attn(q, k_all, v_all, mask))
 
 
