@@ -212,8 +212,11 @@ def diff_runs(run_a: str, run_b: str) -> list[dict]:
             for run in ("ea", "baseline"):
                 ta = (ha.get(run) or {}).get("tokens")
                 tb = (hb.get(run) or {}).get("tokens")
-                if ta is None or tb is None:
-                    row[run] = {"agree": None, "first_divergence": None, "note": "missing (failed run)"}
+                if ta is None or tb is None:  # a failed run: consistent only if it failed in both
+                    both = ta is None and tb is None
+                    row[run] = {"agree": True if both else None, "first_divergence": None,
+                                "note": "no tokens in either (failed)" if both else
+                                f"no tokens in {'A' if ta is None else 'B'} (failed)"}
                     continue
                 pos = first_divergence(ta, tb)
                 row[run] = {"agree": pos is None, "first_divergence": pos, "len_a": len(ta), "len_b": len(tb),
@@ -235,7 +238,7 @@ def format_diff(rows: list[dict], run_a: str, run_b: str) -> str:
         cells = []
         for run in ("ea", "baseline"):
             d = r[run]
-            if d["agree"] is None:
+            if "note" in d:
                 cells.append(d["note"])
             elif d["agree"]:
                 cells.append(f"agree ({d['len_a']})")

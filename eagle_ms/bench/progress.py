@@ -32,6 +32,10 @@ class Progress:
         self.start = time.monotonic()
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
 
+    def restart(self) -> None:
+        """Reset the clock (e.g. after a warm-up that should not count in the ETA)."""
+        self.start = time.monotonic()
+
     def eta_s(self) -> float | None:
         if self.done == 0:
             return None

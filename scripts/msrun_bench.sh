@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Data-parallel benchmark with msrun (MindSpore 2.9): N worker processes on this node, turns sharded by
+# question_id % N, each rank writing its own traces into the same run directory; rank 0 waits (bounded,
+# --merge-timeout) for the others and writes the merged summary a single process would write.
+#
+# Usage:   scripts/msrun_bench.sh N [bench|sweep] --out RUN_DIR [other eagle-ms bench/sweep options]
+# Example: scripts/msrun_bench.sh 8 bench --config configs/demo.yaml --draft eagle3 --draft-path D \
+#              --data-dir ../shared/data --out runs/full-240
+# Env:     MASTER_PORT (default: a free port), LOG_DIR (default: RUN_DIR/msrun_logs),
+#          GLOG_v (default 3: MindSpore C++ errors only).
+# --overwrite is handled here: an earlier run in RUN_DIR is deleted before any worker starts.
+set -euo pipefail
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+if [[ $# -lt 2 ]]; then
+  sed -n '2,13p' "$0" >&2
+  exit 2
+fi
+N=$1
+shift
+[[ "$N" =~ ^[1-9][0-9]*$ ]] || { echo "msrun_bench.sh: N must be a positive integer, got '$N'" >&2; exit 2; }
+CMD=bench
+if [[ "$1" == bench || "$1" == sweep ]]; then CMD=$1; shift; fi
+
+OUT=""
+OVERWRITE=0
+ARGS=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --out) OUT="$2"; ARGS+=("$1" "$2"); shift 2 ;;
+    --out=*) OUT="${1#--out=}"; ARGS+=("$1"); shift ;;
+    --overwrite) OVERWRITE=1; shift ;;
+    *) ARGS+=("$1"); shift ;;
+  esac
+done
+[[ -n "$OUT" ]] || { echo "msrun_bench.sh: --out RUN_DIR is required" >&2; exit 2; }
+
+if [[ -d "$OUT" && -n "$(ls -A "$OUT")" ]]; then
+  if [[ $OVERWRITE -eq 0 ]]; then
+    echo "msrun_bench.sh: $OUT is not empty: use a new --out or --overwrite" >&2
+    exit 2
+  fi
+  if [[ ! -e "$OUT/manifest.json" && ! -e "$OUT/sweep.json" && ! -d "$OUT/ranks" && ! -d "$OUT/traces" ]]; then
+    echo "msrun_bench.sh: refusing to delete $OUT: it does not look like a run directory" >&2
+    exit 2
+  fi
+  rm -rf "$OUT"
+fi
+mkdir -p "$OUT"
+
+if [[ -x "$REPO/.venv/bin/python" ]]; then export PATH="$REPO/.venv/bin:$PATH"; fi  # msrun starts `python`
+export GLOG_v="${GLOG_v:-3}"
+PORT="${MASTER_PORT:-$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}"
+LOG_DIR="${LOG_DIR:-$OUT/msrun_logs}"
+
+exec msrun --worker_num "$N" --local_worker_num "$N" --master_port "$PORT" --log_dir "$LOG_DIR" --join True \
+  "$REPO/scripts/bench_entry.py" "$CMD" "${ARGS[@]}"

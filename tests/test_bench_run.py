@@ -1,0 +1,250 @@
+"""End-to-end benchmark runs on the tiny config with the test drafter (random weights, few tokens).
+
+- a 4-turn smoke run through the CLI writes every file, with EA tokens equal to the baseline's and the
+  MT-Bench turn-2 prompt built from the baseline's turn-1 answer (checked against the tokenizer);
+- ``eagle-ms report`` reproduces the same summary from the traces;
+- planted failures (a baseline crash, a corrupt draft tree, a changed EA token) land in failures/ or the
+  mismatch list with the teacher's logit margin, and the run continues; a missing rank is reported;
+- 2 msrun workers give the same tokens per turn (and the same merged summary counts) as 1 process;
+- a 2-point sweep writes its table.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from conftest import REPO, SHARED_DATA
+
+import eagle_ms.teacher
+import eagle_ms.tree
+from eagle_ms import trace
+from eagle_ms.bench.runner import BenchOptions, run_bench
+from eagle_ms.cli import main
+from eagle_ms.config import load_config
+from eagle_ms.tree import DraftTree
+
+pytestmark = pytest.mark.skipif(not os.path.isdir(SHARED_DATA), reason="shared data not present")
+
+TINY = os.path.join(REPO, "configs", "tiny.yaml")
+NEW = 8
+SMOKE_KEYS = ["mt_bench-81-1", "mt_bench-81-2", "humaneval-0-1", "humaneval-1-1"]
+
+
+def _bench_args(data_dir, out, *extra):
+    return ["--config", TINY, "--data-dir", data_dir, "--datasets", "mt_bench,humaneval", "--limit", "2",
+            "--draft", "test", "--max-new-tokens", str(NEW), "--warmup-tokens", "4", "--out", out, *extra]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """MT-Bench question 81 (2 turns) and HumanEval questions 0-2, copied from the shared data."""
+    root = tmp_path_factory.mktemp("data")
+    for name, n in (("mt_bench", 1), ("humaneval", 3)):
+        (root / name).mkdir()
+        with open(os.path.join(SHARED_DATA, name, "question.jsonl"), encoding="utf-8") as fh:
+            lines = [next(fh) for _ in range(n)]
+        (root / name / "question.jsonl").write_text("".join(lines), encoding="utf-8")
+    return str(root)
+
+
+@pytest.fixture(scope="module")
+def smoke(data_dir, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("smoke") / "run")
+    assert main(["bench", *_bench_args(data_dir, out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def session():
+    from eagle_ms.session import Session
+
+    cfg = load_config(TINY, {"speculative.draft": "test", "generation.max_new_tokens": NEW})
+    return Session(cfg)
+
+
+def test_smoke_run_writes_every_file(smoke, data_dir):
+    files = {os.path.relpath(os.path.join(d, f), smoke) for d, _, fs in os.walk(smoke) for f in fs}
+    assert {"manifest.json", "summary.json", "summary.md", "ranks/rank-0.json"} <= files
+    assert {f"traces/{k}.jsonl" for k in SMOKE_KEYS} <= files
+    assert {f"plots/{p}.png" for p in ("speedup_hist", "speedup_vs_accept", "accept_pos", "stages")} <= files
+    man = trace.read_json(os.path.join(smoke, "manifest.json"))
+    assert man["mode"] == "performance" and man["run"]["draft"] == "test" and man["world_size"] == 1
+    assert man["config"]["generation"]["max_new_tokens"] == NEW and man["versions"]["mindspore"]
+    assert "commit" in man["git"] and man["device"]["device_target"] == "CPU"
+    assert [t["key"] for t in man["turns"]] == SMOKE_KEYS
+    assert [d["sha256"] for d in man["data_files"]] == [
+        trace.file_sha256(os.path.join(data_dir, n, "question.jsonl")) for n in ("mt_bench", "humaneval")]
+    assert "--max-new-tokens 8" in man["command"]
+    s = trace.read_json(os.path.join(smoke, "summary.json"))
+    assert s["turns"]["ok"] == 4 and s["exactness"]["share"] == 1.0 and s["ranks"]["missing"] == []
+    for key in SMOKE_KEYS:
+        header, steps = trace.read_turn_trace(trace.trace_path(smoke, key))
+        assert header["ea"]["tokens"] == header["baseline"]["tokens"] and len(header["ea"]["tokens"]) == NEW
+        assert header["order"] == (["baseline", "ea"] if header["index"] % 2 == 0 else ["ea", "baseline"])
+        assert len(steps) == header["ea"]["verify_steps"] > 0
+        emitted = sum(st["accepted_len"] + 1 for st in steps)
+        assert emitted >= NEW  # the last step may emit past max_new_tokens (then truncated)
+        for st in steps:
+            assert len(st["accepted_path"]) == st["accepted_len"] + 1 and st["accepted_path"][0] == 0
+            assert st["tree_nodes"] <= 16 and st["tree_depth"] <= 10
+            assert {"draft", "tensorize", "verify", "accept", "commit"} <= set(st["stage_s"])
+
+
+def test_turn2_prompt_uses_the_baseline_answer(smoke):
+    from eagle_ms.tokenizer import Tokenizer, get_template
+
+    cfg = load_config(TINY)
+    tok, tmpl = Tokenizer(cfg.tokenizer.model_file), get_template("openpangu")
+    q = json.loads(open(os.path.join(SHARED_DATA, "mt_bench", "question.jsonl")).readline())
+    h1, _ = trace.read_turn_trace(trace.trace_path(smoke, "mt_bench-81-1"))
+    h2, _ = trace.read_turn_trace(trace.trace_path(smoke, "mt_bench-81-2"))
+    answer = h1["baseline"]["tokens"]
+    answer = answer[:-1] if answer[-1] == cfg.model.eos_token_id else answer
+    messages = [{"role": "user", "content": q["turns"][0]}, {"role": "assistant", "content": tok.decode(answer)},
+                {"role": "user", "content": q["turns"][1]}]
+    assert h2["prompt_ids"] == tmpl.encode_chat(tok, messages, True).ids
+    assert h1["prompt_ids"] == tmpl.encode_chat(tok, messages[:1], True).ids
+
+
+def test_report_reproduces_the_summary(smoke, capsys):
+    before_json = open(os.path.join(smoke, "summary.json")).read()
+    before_md = open(os.path.join(smoke, "summary.md")).read()
+    for name in ("summary.json", "summary.md"):
+        os.remove(os.path.join(smoke, name))
+    shutil.rmtree(os.path.join(smoke, "plots"))
+    assert main(["report", smoke]) == 0
+    assert "4/4 turns ok" in capsys.readouterr().out
+    assert open(os.path.join(smoke, "summary.json")).read() == before_json
+    assert open(os.path.join(smoke, "summary.md")).read() == before_md
+    assert os.path.exists(os.path.join(smoke, "plots", "stages.png"))
+    assert main(["trace", "diff", smoke, smoke]) == 0
+
+
+def _corrupting_factory(target_key):
+    """The test drafter, but for ``target_key`` its 2nd tree has a parent after its child."""
+    def factory(session, prompt_ids, spec):
+        inner = session.make_drafter(prompt_ids)
+        if spec.key != target_key:
+            return inner
+        calls = {"n": 0}
+        propose = inner.propose
+
+        def corrupt(root):
+            tree = propose(root)
+            calls["n"] += 1
+            if calls["n"] == 2 and tree.num_nodes >= 2:
+                parents = tree.parents.copy()
+                parents[0] = 2  # node 1's parent is node 2: not before its child
+                return DraftTree(tree.root_token, tree.tokens, parents, tree.scores)
+            return tree
+        inner.propose = corrupt
+        return inner
+    return factory
+
+
+def test_planted_failures_are_dumped_and_the_run_continues(session, data_dir, tmp_path, monkeypatch):
+    from eagle_ms.bench.datasets import load_questions
+    from eagle_ms.bench.runner import build_prompt
+
+    qs = {(q.dataset, q.question_id): q for q in load_questions(data_dir, ("mt_bench", "humaneval"), 3)}
+    crash_prompt = tuple(build_prompt(session, qs[("mt_bench", 81)], 1, []).tolist())
+    tamper_prompt = tuple(build_prompt(session, qs[("humaneval", 1)], 1, []).tolist())
+    real_run, vocab = session.run, session.cfg.model.vocab_size
+
+    def planted_run(prompt_ids, drafter=None):
+        key = tuple(int(x) for x in prompt_ids)
+        if drafter is None and key == crash_prompt:
+            raise RuntimeError("planted baseline crash")
+        result = real_run(prompt_ids, drafter)
+        if drafter is not None and key == tamper_prompt:
+            toks = list(result.tokens)
+            toks[3] = (toks[3] + 1) % vocab
+            result = dataclasses.replace(result, tokens=toks)
+        return result
+    monkeypatch.setattr(session, "run", planted_run)
+    tree_mask, verify_mask = eagle_ms.tree._tree_mask, eagle_ms.teacher.verify_attention_mask
+    out = str(tmp_path / "run")
+    opts = BenchOptions(data_dir=data_dir, out=out, limit=3, profile=True, progress=False, warmup_tokens=4)
+    s = run_bench(session.cfg, opts, session=session, drafter_factory=_corrupting_factory("humaneval-0-1"))
+
+    assert eagle_ms.tree._tree_mask is tree_mask and eagle_ms.teacher.verify_attention_mask is verify_mask
+    status = {p["key"]: p["status"] for p in s["per_turn"]}
+    assert status == {"mt_bench-81-1": "failed", "mt_bench-81-2": "skipped", "humaneval-0-1": "failed",
+                      "humaneval-1-1": "ok", "humaneval-2-1": "ok"}
+    crash = trace.read_json(os.path.join(out, "failures", "mt_bench-81-1-baseline.json"))
+    assert crash["error_type"] == "RuntimeError" and crash["prompt_ids"] == list(crash_prompt)
+    tree = trace.read_json(os.path.join(out, "failures", "humaneval-0-1-ea.json"))
+    assert tree["error_type"] == "TreeInvariantError" and tree["tree"]["parents"][0] == 2
+    assert tree["phase"] == "ea" and tree["cache_length"] > 0 and tree["budget"] == 16
+    h, _ = trace.read_turn_trace(trace.trace_path(out, "humaneval-0-1"))
+    assert h["baseline"] is not None and h["ea"] is None and h["errors"][0]["dump"] == "failures/humaneval-0-1-ea.json"
+    # the changed EA token: located, with the teacher's margin from a prefill over prompt + common prefix
+    (mm,) = s["exactness"]["mismatches"]
+    h, _ = trace.read_turn_trace(trace.trace_path(out, "humaneval-1-1"))
+    base = h["baseline"]["tokens"]
+    assert (mm["key"], mm["position"], mm["baseline_token"], mm["ea_token"]) == \
+        ("humaneval-1-1", 3, base[3], (base[3] + 1) % vocab)
+    logits = session.runner.prefill(np.array(list(tamper_prompt) + base[:3], np.int32)).logits[-1]
+    top = np.sort(logits)[::-1]
+    assert mm["top1"] == base[3] and mm["margin"] == pytest.approx(float(top[0] - top[1]), rel=1e-5)
+    assert mm["gap"] == pytest.approx(float(logits[base[3]] - logits[mm["ea_token"]]), rel=1e-5) and mm["gap"] > 0
+    assert s["exactness"]["identical"] == 1 and s["turns"]["ok"] == 2
+    assert "mask" in s["stages"] and s["run"]["profile"] is True
+    md = open(os.path.join(out, "summary.md")).read()
+    assert "## Failures" in md and "planted baseline crash" in md and "PROFILE RUN" in md
+
+
+def test_missing_rank_is_reported_not_waited_for(session, data_dir, tmp_path):
+    out = str(tmp_path / "rank0-only")
+    opts = BenchOptions(data_dir=data_dir, out=out, limit=2, progress=False, warmup_tokens=4, rank=0,
+                        world_size=2, merge_timeout_s=0.5)
+    s = run_bench(session.cfg, opts, session=session)
+    assert s["ranks"]["missing"] == [1]
+    assert s["turns"]["missing"] == ["mt_bench-81-1", "mt_bench-81-2", "humaneval-1-1"]
+    assert s["turns"]["ok"] == 1 and "Ranks missing" in open(os.path.join(out, "summary.md")).read()
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        run_bench(session.cfg, opts, session=session)
+
+
+def test_two_msrun_workers_match_one_process(smoke, data_dir, tmp_path):
+    out = str(tmp_path / "msrun")
+    env = dict(os.environ, GLOG_v="3")
+    proc = subprocess.run(["bash", os.path.join(REPO, "scripts", "msrun_bench.sh"), "2", "bench",
+                           *_bench_args(data_dir, out, "--no-progress", "--merge-timeout", "120")],
+                          capture_output=True, text=True, timeout=400, env=env, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sorted(os.listdir(os.path.join(out, "ranks"))) == ["rank-0.json", "rank-1.json"]
+    ranks = {trace.read_turn_trace(trace.trace_path(out, k))[0]["rank"] for k in SMOKE_KEYS}
+    assert ranks == {0, 1}
+    for key in SMOKE_KEYS:
+        one, _ = trace.read_turn_trace(trace.trace_path(smoke, key))
+        two, _ = trace.read_turn_trace(trace.trace_path(out, key))
+        assert two["prompt_ids"] == one["prompt_ids"]
+        assert two["baseline"]["tokens"] == one["baseline"]["tokens"]
+        assert two["ea"]["tokens"] == one["ea"]["tokens"]
+    merged, single = (trace.read_json(os.path.join(d, "summary.json")) for d in (out, smoke))
+    assert merged["turns"] == single["turns"] and merged["exactness"] == single["exactness"]
+    assert merged["run"]["world_size"] == 2 and merged["ranks"]["missing"] == []
+    assert [t["n_tokens"] for t in merged["per_turn"]] == [t["n_tokens"] for t in single["per_turn"]]
+
+
+def test_sweep_cli_two_budgets(data_dir, tmp_path):
+    out = str(tmp_path / "sweep")
+    args = ["sweep", "--config", TINY, "--data-dir", data_dir, "--datasets", "humaneval", "--limit", "1",
+            "--draft", "test", "--max-new-tokens", "4", "--warmup-tokens", "2", "--no-progress",
+            "--budgets", "4,8", "--max-depth", "3", "--out", out]
+    assert main(args) == 0
+    data = trace.read_json(os.path.join(out, "sweep.json"))
+    (result,) = data["results"]
+    assert result["axis"] == "budget" and [r["name"] for r in result["rows"]] == ["M4-D3-Wnone", "M8-D3-Wnone"]
+    assert all(r["turns_ok"] == 1 and r["exactness"] == 1.0 for r in result["rows"])
+    man = trace.read_json(os.path.join(out, "points", "M8-D3-Wnone", "manifest.json"))
+    assert man["run"]["budget"] == 8 and man["run"]["max_depth"] == 3
+    assert "| M4-D3-Wnone | 4 | 3 | none | 1 |" in open(os.path.join(out, "sweep.md")).read()
+    assert main(["report", out]) == 0
+    assert os.path.exists(os.path.join(out, "plots", "sweep_budget.png"))

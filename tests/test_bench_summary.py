@@ -1,0 +1,163 @@
+"""Summary statistics, report and sweep tables on synthetic traces, against hand-computed values.
+
+The builders (``write_run`` and friends) write run directories by hand; tests/test_trace.py uses them
+too. Every number is chosen so the expected statistics can be computed by hand (comments give them).
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from eagle_ms import trace
+from eagle_ms.bench import metrics
+from eagle_ms.bench.summary import summarize, write_report
+from eagle_ms.bench.sweep import SweepPoint, parse_windows, plan_sweeps, unique_points, write_sweep_report
+
+approx = pytest.approx
+
+
+def step(accepted: int, draft=0.001, verify=0.004) -> dict:
+    return {"i": 0, "tree_nodes": 4, "tree_depth": 3, "accepted_len": accepted,
+            "accepted_path": list(range(accepted + 1)), "reorder_copy": False,
+            "stage_s": {"draft": draft, "verify": verify}}
+
+
+def header(key, dataset, index, base_tokens, ea_tokens, base_tps, ea_tps, prefill=0.01, total=0.05,
+           status="ok", mismatch=None, prompt=(1, 2, 3)):
+    qid, turn = int(key.split("-")[-2]), int(key.split("-")[-1])
+    base = None if base_tokens is None else {
+        "tokens": base_tokens, "n_tokens": len(base_tokens), "total_s": total, "prefill_s": prefill,
+        "tokens_per_s": base_tps, "stop_reason": "max_new_tokens", "verify_steps": len(base_tokens)}
+    ea = None if ea_tokens is None else {
+        "tokens": ea_tokens, "n_tokens": len(ea_tokens), "total_s": total, "prefill_s": prefill,
+        "tokens_per_s": ea_tps, "stop_reason": "max_new_tokens", "verify_steps": 2, "tau": None}
+    ok = status == "ok"
+    return {"key": key, "dataset": dataset, "question_id": qid, "turn": turn, "category": "c", "index": index,
+            "rank": 0, "order": ["baseline", "ea"], "prompt_tokens": len(prompt), "prompt_ids": list(prompt),
+            "status": status, "errors": [] if ok else [{"phase": "ea", "error_type": "TreeInvariantError",
+                                                         "message": "planted", "dump": "failures/x.json"}],
+            "baseline": base, "ea": ea, "speedup": ea_tps / base_tps if ok else None,
+            "exact": (base_tokens == ea_tokens) if ok else None, "mismatch": mismatch}
+
+
+MISMATCH = {"position": 2, "baseline_token": 7, "ea_token": 9, "top1": 7, "top2": 9, "margin": 0.01, "gap": 0.01}
+
+
+def write_run(run_dir: str, max_depth: int = 3, b_tps: float = 200.0) -> str:
+    """Turns: A ok exact (speedup 1.5, A = [2, 0, 3]); B ok with a mismatch at position 2 (speedup
+    b_tps/200, A = [1, 1]); C failed; D expected but missing."""
+    keys = ["mt_bench-81-1", "humaneval-0-1", "humaneval-1-1", "humaneval-2-1"]
+    trace.write_json(os.path.join(run_dir, trace.MANIFEST), {
+        "kind": "bench", "command": "eagle-ms bench --synthetic", "mode": "performance", "profile": False,
+        "run": {"draft": "test", "budget": 8, "max_depth": max_depth, "top_k": 4, "draft_window": None,
+                "max_new_tokens": 4, "datasets": ["mt_bench", "humaneval"]},
+        "world_size": 1, "git": {"commit": "abc", "dirty": False},
+        "turns": [{"key": k, "index": i, "rank": 0} for i, k in enumerate(keys)]})
+    trace.write_turn_trace(run_dir, header(keys[0], "mt_bench", 0, [1, 2, 3, 4], [1, 2, 3, 4], 100.0, 150.0,
+                                           prefill=0.01), [step(2), step(0), step(3)])
+    trace.write_turn_trace(run_dir, header(keys[1], "humaneval", 1, [5, 6, 7], [5, 6, 9], 200.0, b_tps,
+                                           prefill=0.03, mismatch=MISMATCH), [step(1), step(1)])
+    trace.write_turn_trace(run_dir, header(keys[2], "humaneval", 2, [5], None, 1.0, 0.0, status="failed"), [])
+    trace.write_rank_marker(run_dir, 0, {"world_size": 1})
+    return run_dir
+
+
+# --- tests ---------------------------------------------------------------------------------------
+
+def test_percentiles_tau_accept_pos_by_hand():
+    d = metrics.describe([0, 1, 2, 3, 10])
+    assert d == {"n": 5, "mean": approx(3.2), "p50": approx(2.0), "p90": approx(7.2), "p99": approx(9.72)}
+    assert metrics.describe([]) == {"n": 0, "mean": None, "p50": None, "p90": None, "p99": None}
+    assert metrics.tau([2, 0, 3, 1, 1]) == approx(2.4)
+    assert metrics.tau([]) is None
+    assert metrics.accept_pos([0, 1, 3], 3) == approx([2 / 3, 1 / 3, 1 / 3])
+    assert metrics.accept_pos([], 2) == [None, None]
+
+
+def test_divergence_exactness_margin():
+    assert metrics.first_divergence([1, 2, 3], [1, 5]) == 1
+    assert metrics.first_divergence([1, 2], [1, 2, 3]) == 2
+    assert metrics.first_divergence([4, 5], [4, 5]) is None
+    assert metrics.exactness([True, False, True, True]) == 0.75
+    m = metrics.logit_margin(np.array([0.0, 3.0, 2.5, -1.0]), baseline_token=1, ea_token=3)
+    assert (m["top1"], m["top2"]) == (1, 2)
+    assert m["margin"] == approx(0.5) and m["gap"] == approx(4.0)
+    s = metrics.stage_stats({"verify": [0.001, 0.003], "empty": []})
+    assert list(s) == ["verify"]
+    assert s["verify"]["mean_ms"] == approx(2.0)
+    assert s["verify"]["p99_ms"] == approx(1.0 + 0.99 * 2.0)
+    assert s["verify"]["p99_over_mean"] == approx((1.0 + 0.99 * 2.0) / 2.0)
+
+
+def test_summary_of_synthetic_traces(tmp_path):
+    s = summarize(write_run(str(tmp_path)))
+    t1 = s["table1"]
+    # speedups [1.5, 1.0]; baseline [100, 200]; EA [150, 200]; accept_L flattened [2, 0, 3, 1, 1]
+    assert t1["speedup"] == {"n": 2, "mean": approx(1.25), "p50": approx(1.25), "p90": approx(1.45),
+                             "p99": approx(1.495)}
+    assert t1["baseline_tokens_per_s"]["mean"] == approx(150.0)
+    assert t1["ea_tokens_per_s"]["p90"] == approx(150 + 0.9 * 50)
+    assert t1["accept_L"] == {"n": 5, "mean": approx(1.4), "p50": approx(1.0), "p90": approx(2.6),
+                              "p99": approx(2.96)}
+    assert s["speedup_of_means"] == approx(175 / 150)
+    assert s["tau"] == approx(2.4) and s["verify_steps"] == 5
+    assert [a["share"] for a in s["accept_pos"]] == approx([0.8, 0.4, 0.2])
+    assert s["exactness"]["share"] == 0.5 and s["exactness"]["identical"] == 1
+    assert s["exactness"]["mismatches"] == [{"key": "humaneval-0-1", **MISMATCH}]
+    assert s["turns"] == {"expected": 4, "traced": 3, "ok": 2, "failed": 1, "skipped": 0,
+                          "missing": ["humaneval-2-1"]}
+    assert [f["key"] for f in s["failures"]] == ["humaneval-1-1"]
+    st = s["stages"]
+    assert st["prefill"]["mean_ms"] == approx(20.0) and st["prefill"]["p99_ms"] == approx(29.8)
+    assert st["verify"]["mean_ms"] == approx(4.0) and st["verify"]["n"] == 5
+    # other = total - prefill - stage sums: A 0.05 - 0.01 - 3 * 0.005, B 0.05 - 0.03 - 2 * 0.005
+    assert st["other"]["mean_ms"] == approx(1e3 * (0.025 + 0.01) / 2)
+    assert s["by_dataset"]["mt_bench"]["speedup_mean"] == approx(1.5)
+    assert s["by_dataset"]["humaneval"]["exactness"] == 0.0
+
+
+def test_report_writes_markdown_and_plots(tmp_path):
+    run = write_run(str(tmp_path))
+    s = write_report(run)
+    text = (tmp_path / "summary.md").read_text()
+    assert "| Speedup | 1.25x | 1.25x | 1.45x | 1.50x | 2 |" in text
+    assert "humaneval-0-1 | 2 | 7 | 9 |" in text and "eagle-ms bench --synthetic" in text
+    assert "1/2 turns identical" in text and "TreeInvariantError" in text
+    assert json.loads((tmp_path / "summary.json").read_text()) == json.loads(json.dumps(s))
+    for name in ("speedup_hist", "speedup_vs_accept", "accept_pos", "stages"):
+        assert (tmp_path / "plots" / f"{name}.png").stat().st_size > 1000
+
+
+def test_sweep_plans():
+    t2 = plan_sweeps(16, 10, preset="table2")
+    assert [(s.name, [(p.budget, p.max_depth) for p in s.points]) for s in t2] == [
+        ("budget", [(16, 10), (32, 10), (64, 10), (128, 10), (256, 10)]),
+        ("max_depth", [(64, 4), (64, 8), (64, 10), (64, 12), (64, 16)])]
+    assert len(unique_points(t2)) == 9  # M=64, Dmax=10 runs once
+    grid = plan_sweeps(16, 10, budgets=(8, 16), depths=(3, 5))
+    assert grid[0].axis == "grid" and len(grid[0].points) == 4
+    win = plan_sweeps(16, 10, windows=parse_windows("none,128"))
+    assert [p.draft_window for p in win[0].points] == [None, 128]
+    assert [s.axis for s in plan_sweeps(16, 10, depths=(4, 8))] == ["max_depth"]
+    with pytest.raises(ValueError, match="nothing to sweep"):
+        plan_sweeps(16, 10)
+    with pytest.raises(ValueError, match="integers"):
+        parse_windows("none,abc")
+
+
+def test_sweep_report_from_point_traces(tmp_path):
+    points = [SweepPoint(8, 3), SweepPoint(16, 3)]
+    for p, b_tps in zip(points, (200.0, 400.0)):
+        write_run(str(tmp_path / "points" / p.name), b_tps=b_tps)
+    plan = [{"name": "budget", "axis": "budget",
+             "points": [{"name": p.name, "budget": p.budget, "max_depth": 3, "draft_window": None} for p in points]}]
+    trace.write_json(str(tmp_path / "sweep.json"), {"kind": "sweep", "command": "eagle-ms sweep x", "plan": plan})
+    data = write_sweep_report(str(tmp_path))
+    rows = data["results"][0]["rows"]
+    assert [r["speedup_mean"] for r in rows] == approx([1.25, 1.75])  # (1.5 + b_tps/200) / 2
+    md = (tmp_path / "sweep.md").read_text()
+    assert "## Sweep `budget`" in md and "| M16-D3-Wnone | 16 | 3 | none | 2 |" in md
+    assert (tmp_path / "plots" / "sweep_budget.png").exists()
