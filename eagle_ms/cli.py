@@ -88,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-warmup", action="store_true", help="time the first call too (includes graph compile)")
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.set_defaults(func=cmd_generate)
+    from eagle_ms.bench.commands import add_parsers as add_bench_parsers  # bench, sweep, report, trace diff
+
+    add_bench_parsers(sub, _add_config_args, _overrides)
+    from eagle_ms.train.commands import add_parsers as add_train_data_parsers  # regenerate, preprocess, build-vocab
+
+    add_train_data_parsers(sub, _add_config_args, _overrides)
     return parser
 
 

@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 
 from eagle_ms.teacher import TeacherOutput, TeacherRunner
-from eagle_ms.tree import DraftTree, TreeTensors, check_invariants, tensorize
+from eagle_ms.tree import (DraftTree, TreeInvariantError, TreeTensors, check_invariants, tensorize,
+                           verify_attention_mask, write_failure_dump)
 from eagle_ms.verify import AcceptResult, greedy_accept
 
-STAGES = ("prefill", "draft", "tensorize", "verify", "accept", "commit", "observe")
+STAGES = ("prefill", "draft_prefill", "draft", "tensorize", "mask", "verify", "accept", "commit", "observe")
 
 
 class Drafter(Protocol):
@@ -51,6 +52,7 @@ class DecodeSettings:
     eos_token_id: int | None = None
     reference_checks: bool = False  # invariants before every verify + commit equivalence after every commit
     run_dir: str | None = None  # where failure dumps go
+    on_step: Callable[["StepRecord"], None] | None = None  # called after every verify step (traces)
 
 
 @dataclass
@@ -73,6 +75,7 @@ class GenerationResult:
     steps: list[StepRecord]
     prefill_s: float
     total_s: float
+    draft_prefill_s: float = 0.0  # drafter.begin (draft model over the prompt)
 
     @property
     def verify_steps(self) -> int:
@@ -142,11 +145,19 @@ def _speculative_step(runner: TeacherRunner, drafter: Drafter | None, root: int,
     else:
         tree = drafter.propose(root)
     clock.lap("draft")
-    tensors = tensorize(tree, runner.length, budget, settings.max_depth)
+    try:
+        tensors = tensorize(tree, runner.length, budget, settings.max_depth)
+    except TreeInvariantError as exc:  # a malformed DraftTree: dump it too, not only tensor-level failures
+        if settings.run_dir and exc.dump_path is None:
+            exc.dump_path = write_failure_dump(exc.dump, settings.run_dir)
+            exc.args = (f"{exc.args[0]} (failure dump: {exc.dump_path})",)
+        raise
     if settings.reference_checks:
         check_invariants(tensors, settings.run_dir)
     clock.lap("tensorize")
-    out = runner.verify(tensors)
+    allowed = verify_attention_mask(tensors, runner.window(runner.length + tensors.num_nodes))
+    clock.lap("mask")
+    out = runner.verify(tensors, allowed)
     clock.lap("verify")
     result = greedy_accept(tensors, out.argmax)
     clock.lap("accept")
@@ -163,6 +174,7 @@ def generate(runner: TeacherRunner, prompt_ids, settings: DecodeSettings,
     prefill_s = time.perf_counter() - t0
     if drafter is not None:
         drafter.begin(prompt_ids, pre.aux, root)
+    draft_prefill_s = time.perf_counter() - t0 - prefill_s
     tokens: list[int] = []
     steps: list[StepRecord] = []
     stop = _emit(tokens, np.array([root]), settings)
@@ -182,7 +194,11 @@ def generate(runner: TeacherRunner, prompt_ids, settings: DecodeSettings,
         if drafter is not None and stop is None:
             drafter.observe(committed, out.aux[result.node_ids], root)
         clock.lap("observe")
-        steps.append(StepRecord(int(tensors.valid.sum()) - 1, int(tensors.depth.max()), result.accepted_len,
-                                result.node_ids.tolist(), copied, clock.stages))
-    return GenerationResult(int(prompt_ids.size), tokens, stop, steps, prefill_s, time.perf_counter() - t0)
+        record = StepRecord(int(tensors.valid.sum()) - 1, int(tensors.depth.max()), result.accepted_len,
+                            result.node_ids.tolist(), copied, clock.stages)
+        steps.append(record)
+        if settings.on_step is not None:
+            settings.on_step(record)
+    return GenerationResult(int(prompt_ids.size), tokens, stop, steps, prefill_s, time.perf_counter() - t0,
+                            draft_prefill_s)
 

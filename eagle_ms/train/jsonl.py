@@ -1,0 +1,102 @@
+"""Append-only JSONL files that survive a killed writer.
+
+Writer contract: one record = one ``write`` of ``json + "\\n"``, then flush + fsync. So after a kill
+the file is a sequence of complete lines, possibly followed by ONE partial line without a newline.
+``open_resumable`` detects that partial tail, cuts it off (the file is repaired in place) and returns
+the complete records; a malformed line *before* the tail cannot come from a kill and raises.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ResumeState:
+    """Records already in the file and what the repair did."""
+
+    records: list[dict]
+    repaired_bytes: int  # bytes of a partial last line that were cut off (0 = file was intact)
+
+
+def open_resumable(path: str) -> ResumeState:
+    """Read the complete records of ``path`` (missing file: none) and cut a partial last line off."""
+    if not os.path.exists(path):
+        return ResumeState([], 0)
+    with open(path, "rb") as fh:
+        raw = fh.read()
+    keep = raw.rfind(b"\n") + 1  # bytes up to and including the last newline
+    tail = raw[keep:]
+    if tail.strip():
+        try:  # a complete last record that only lacks its newline is kept
+            json.loads(tail)
+            raw, keep, tail = raw + b"\n", len(raw) + 1, b""
+            _append_newline(path)
+        except json.JSONDecodeError:
+            pass
+    records = []
+    for lineno, line in enumerate(raw[:keep].split(b"\n")[:-1], start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: line {lineno} is not valid JSON ({exc}); only a partial LAST line can come "
+                             "from an interrupted run, so this file was edited or corrupted") from None
+    if tail:
+        with open(path, "r+b") as fh:
+            fh.truncate(keep)
+            os.fsync(fh.fileno())
+    return ResumeState(records, len(tail))
+
+
+def _append_newline(path: str) -> None:
+    with open(path, "ab") as fh:
+        fh.write(b"\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def read_records(path: str, log=None) -> list[dict]:
+    """Complete records of a JSONL file without modifying it: a partial last line (a writer still running
+    or killed) is skipped (and reported through ``log``); a malformed earlier line raises."""
+    with open(path, "rb") as fh:
+        lines = fh.read().split(b"\n")
+    records = []
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            if n == len(lines):
+                if log is not None:
+                    log(f"ignoring a partial last line of {path}")
+                continue
+            raise ValueError(f"{path}: line {n} is not valid JSON ({exc})") from None
+    return records
+
+
+class JsonlAppender:
+    """Append records durably: one write per record, fsync after each."""
+
+    def __init__(self, path: str):
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self.path = path
+        self._fh = open(path, "ab")
+
+    def append(self, record: dict) -> None:
+        line = json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
+        self._fh.write(line.encode("utf-8"))
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        self._fh.close()
+
+    def __enter__(self) -> "JsonlAppender":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,158 @@
+"""Preprocessing in one process: shard layout, features vs the teacher forward, cache reuse, online mode,
+rank 0's bounded wait. (The msrun runs are in test_preprocess_msrun.py.)"""
+import json
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+from eagle_ms.config import config_from_dict
+from eagle_ms.models.pangu import PanguFullSequence
+from eagle_ms.train import shards as sh
+from eagle_ms.train.preprocess import (DistEnv, FeatureExtractor, MissingShardsError, PreprocessOptions, distributed_env,
+                                       length_buckets, load_samples, run_preprocess)
+from mindspore import Tensor
+
+TOKENIZER = os.path.join(REPO, "eagle_ms", "assets", "demo", "tokenizer.model")
+MAX_LEN = 32
+CFG = config_from_dict({
+    "model": {"model_config": {"vocab_size": 8000, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3,
+                               "num_attention_heads": 4, "num_key_value_heads": 2, "eos_token_id": 4}},
+    "tokenizer": {"model_file": TOKENIZER, "chat_template": "openpangu"},
+    "runtime": {"seq_length": MAX_LEN, "prefill_chunk": 16}})
+
+
+def write_samples(path, n, seed=0, lengths=None):
+    """A regenerated-format JSONL of n random samples (index field reversed: order must follow it)."""
+    rng = np.random.default_rng(seed)
+    with open(path, "w", encoding="utf-8") as fh:
+        for i in range(n):
+            t = lengths[i] if lengths else int(rng.integers(6, 45))
+            ids = rng.integers(5, 8000, t).tolist()
+            mask = [0] * (t // 3) + [1] * (t - t // 3)
+            fh.write(json.dumps({"id": f"r{i}", "index": n - 1 - i, "ids": ids, "assistant_mask": mask}) + "\n")
+
+
+@pytest.fixture(scope="module")
+def extractor():
+    return FeatureExtractor.from_config(CFG, MAX_LEN, min_bucket=16)
+
+
+def _opts(tmp, **kw):
+    return PreprocessOptions(**{"data": str(tmp / "data.jsonl"), "out": str(tmp / "out"), "shard_size": 2,
+                                "shard_groups": 2, "min_bucket": 16, **kw})
+
+
+def _quiet(_):
+    pass
+
+
+# ------------------------------------------------------------------------------ layout, env, samples
+
+def test_shard_plan_example_and_rank_partition():
+    plan = sh.shard_plan(7, 2, 2)
+    assert [(s.id, s.samples) for s in plan] == [(0, (0, 2)), (1, (1, 3)), (2, (4, 6)), (3, (5,))]
+    plan = sh.shard_plan(23, 3, 4)
+    assert sorted(i for s in plan for i in s.samples) == list(range(23))
+    for world in (1, 2, 4):  # rank r's shards hold exactly the samples with i % W == r
+        for r in range(world):
+            mine = sorted(i for s in plan if s.id % world == r for i in s.samples)
+            assert mine == [i for i in range(23) if i % world == r]
+
+
+def test_length_buckets_and_env():
+    assert length_buckets(100, 32) == (32, 64, 100) and length_buckets(2048) == (64, 128, 256, 512, 1024, 2048)
+    msrun_worker = {"MS_ROLE": "MS_WORKER", "RANK_ID": "1", "RANK_SIZE": "2", "MS_NODE_ID": "1", "DEVICE_ID": "1"}
+    assert distributed_env(environ=msrun_worker) == DistEnv("worker", 1, 2)
+    assert distributed_env(environ={"MS_ROLE": "MS_SCHED", "RANK_ID": "0", "RANK_SIZE": "2"}).role == "scheduler"
+    assert distributed_env(environ={}) == DistEnv("worker", 0, 1)
+    with pytest.raises(ValueError, match="RANK_ID is not set"):
+        distributed_env(environ={"RANK_SIZE": "4"})
+    with pytest.raises(ValueError, match="outside"):
+        distributed_env(rank=2, world=2, environ={})
+
+
+def test_samples_follow_index_and_are_cut(tmp_path):
+    write_samples(tmp_path / "d.jsonl", 4, lengths=[10, 50, 3, 20])
+    with open(tmp_path / "d.jsonl", "a") as fh:
+        fh.write('{"id": "partial", "ids": [1, 2')  # a regeneration still writing
+    samples, dropped = load_samples(str(tmp_path / "d.jsonl"), MAX_LEN, log=_quiet)
+    assert [s.record_id for s in samples] == ["r3", "r2", "r1", "r0"]  # by index, not file order
+    assert [s.input_ids.size for s in samples] == [20, 3, 32, 10] and dropped["truncated"] == 1
+
+
+# ------------------------------------------------------------------------------ features
+
+def test_stored_features_match_the_teacher_forward(extractor):
+    """aux == fp16(full-sequence aux); hidden @ lm_head.T == the teacher's logits (fp16 precision)."""
+    ids = np.random.default_rng(3).integers(5, 8000, 21).astype(np.int32)
+    feats = extractor.extract(ids, np.ones(21, bool))
+    t = ids.size
+    full = PanguFullSequence(extractor.teacher)
+    logits, aux = full(Tensor(ids[None]), Tensor(np.arange(t, dtype=np.int32)[None]),
+                       Tensor(np.tril(np.ones((t, t), bool))[None]))
+    logits, aux = logits.asnumpy()[0], aux.asnumpy()[0]
+    assert feats.aux.dtype == np.float16 and feats.aux.shape == (t, 3 * 32) and feats.hidden.shape == (t, 32)
+    np.testing.assert_allclose(feats.aux.astype(np.float32), aux, rtol=2e-3, atol=2e-3)
+    head = extractor.teacher.lm_head.weight.asnumpy()
+    recomputed = feats.hidden.astype(np.float32) @ head.T
+    np.testing.assert_allclose(recomputed, logits, atol=2e-3 * np.abs(logits).max())
+    assert np.array_equal(recomputed.argmax(-1), logits.argmax(-1))
+
+
+def test_online_mode_equals_stored_record_and_cache_reuse(tmp_path, extractor):
+    write_samples(tmp_path / "data.jsonl", 7)
+    first = run_preprocess(CFG, _opts(tmp_path), extractor=extractor, log=_quiet)
+    manifest = first["manifest"]
+    assert first["report"]["computed"] == [0, 1, 2, 3] and manifest["num_samples"] == 7
+    assert manifest["bytes_per_token"]["total"] == 4 + 1 + 2 * 4 * 32
+    ds = sh.FeatureDataset(str(tmp_path / "out"), verify=True)
+    samples, _ = load_samples(str(tmp_path / "data.jsonl"), MAX_LEN)
+    for s in samples:  # online mode: the same record, bit for bit
+        assert extractor.extract(s.input_ids, s.loss_mask).equals(ds[s.index])
+    stat = {p: os.stat(p).st_mtime_ns for p in map(lambda i: sh.shard_path(str(tmp_path / "out"), i), range(4))}
+    again = run_preprocess(CFG, _opts(tmp_path), extractor=extractor, log=_quiet)
+    assert again["report"]["computed"] == [] and again["report"]["reused"] == [0, 1, 2, 3]
+    assert {p: os.stat(p).st_mtime_ns for p in stat} == stat
+    # change one sample's content: only its shard is recomputed
+    lines = open(tmp_path / "data.jsonl").read().splitlines()
+    rec = json.loads(lines[2])
+    rec["ids"][0] += 1
+    lines[2] = json.dumps(rec)
+    open(tmp_path / "data.jsonl", "w").write("\n".join(lines) + "\n")
+    changed = run_preprocess(CFG, _opts(tmp_path), extractor=extractor, log=_quiet)
+    owner = next(s.id for s in sh.shard_plan(7, 2, 2) if rec["index"] in s.samples)  # global index == "index"
+    assert changed["report"]["computed"] == [owner] and len(changed["report"]["reused"]) == 3
+
+
+def test_rank0_reports_exactly_the_missing_shards_within_the_bounded_wait(tmp_path, extractor):
+    write_samples(tmp_path / "data.jsonl", 6)
+    t0 = time.time()
+    with pytest.raises(MissingShardsError) as err:
+        run_preprocess(CFG, _opts(tmp_path, wait_timeout=1.5, poll_s=0.2), rank=0, world=2, extractor=extractor,
+                       log=_quiet)
+    assert time.time() - t0 < 20
+    assert err.value.missing == {1: 1, 3: 1}  # shard -> owning rank
+    assert "rank 1: shards [1, 3]" in str(err.value)
+    assert not os.path.exists(tmp_path / "out" / "manifest.json")
+
+
+def test_a_failed_rank_ends_rank0s_wait_early(tmp_path, extractor):
+    write_samples(tmp_path / "data.jsonl", 6)
+
+    def rank1_fails():  # rank 1 hits an error (missing data file) while rank 0 waits
+        bad = _opts(tmp_path, data=str(tmp_path / "missing.jsonl"))
+        with pytest.raises(FileNotFoundError):
+            run_preprocess(CFG, bad, rank=1, world=2, extractor=extractor, log=_quiet)
+
+    timer = threading.Timer(1.0, rank1_fails)
+    timer.start()
+    t0 = time.time()
+    with pytest.raises(MissingShardsError, match="rank failed: FileNotFoundError") as err:
+        run_preprocess(CFG, _opts(tmp_path, wait_timeout=120, poll_s=0.2), rank=0, world=2, extractor=extractor,
+                       log=_quiet)
+    timer.join()
+    assert time.time() - t0 < 30 and err.value.missing == {1: 1, 3: 1}

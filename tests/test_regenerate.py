@@ -1,0 +1,233 @@
+"""Teacher regeneration: token composition, batched decoding == batch-1 generate, resumable JSONL output.
+
+The second implementation for decoding is ``eagle_ms.generate.generate`` on a batch-1 TeacherRunner
+(the loop `eagle-ms generate` uses), with the same weights and KV capacity.
+"""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+from eagle_ms.config import ModelConfig, config_from_dict
+from eagle_ms.generate import DecodeSettings, generate
+from eagle_ms.models.pangu import PanguForCausalLM
+from eagle_ms.teacher import TeacherRunner
+from eagle_ms.tokenizer import Tokenizer, get_template
+from eagle_ms.train.data import Conversation
+from eagle_ms.train.jsonl import JsonlAppender, open_resumable
+from eagle_ms.train.regen_batch import BatchDecoder
+from eagle_ms.train.regenerate import (ChatComposer, ConversationSession, RegenOptions, plan_conversation,
+                                       run_regenerate)
+from eagle_ms.weights import load_state, random_teacher_state
+
+TOKENIZER = os.path.join(REPO, "eagle_ms", "assets", "demo", "tokenizer.model")
+EOS = 4  # [unused10] in the demo tokenizer
+CAPACITY, CHUNK, BATCH = 96, 16, 3
+MODEL = ModelConfig(vocab_size=8000, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                    num_attention_heads=4, num_key_value_heads=2, eos_token_id=EOS)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return Tokenizer(TOKENIZER)
+
+
+@pytest.fixture(scope="module")
+def composer(tok):
+    return ChatComposer(tok, get_template("openpangu"))
+
+
+def _model(batch):
+    model = PanguForCausalLM(MODEL, batch, CAPACITY, "eager")
+    load_state(model, random_teacher_state(MODEL, seed=7, std=0.3))
+    return model
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {"batched": _model(BATCH), "single": _model(1)}
+
+
+def _conv(i, turns):
+    msgs = []
+    for t, text in enumerate(turns):
+        msgs += [{"role": "user", "content": text}, {"role": "assistant", "content": f"dataset answer {i}.{t}"}]
+    return Conversation(id=f"c{i}", messages=tuple(msgs))
+
+
+# ------------------------------------------------------------------------------ composition (no model)
+
+def test_plan_conversation_drops_assistant_turns_and_finds_answer_points():
+    msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "x"}, {"role": "user", "content": "b"},
+            {"role": "user", "content": "c"}, {"role": "assistant", "content": "y"}, {"role": "system", "content": "z"}]
+    context, points = plan_conversation(msgs, get_template("openpangu"))
+    assert context == [("system", ""), ("user", "a"), ("user", "b"), ("user", "c")]
+    assert points == [1, 3]
+    assert plan_conversation([{"role": "assistant", "content": "x"}], get_template("generic")) == ([], [])
+
+
+def test_composed_ids_equal_encode_chat_for_text_answers(tok, composer):
+    """Answers given as encode(text) + [eos] must compose to exactly encode_chat of the full chat."""
+    conv = _conv(0, ["你好，介绍一下你自己", "second question?", "third"])
+    answers = ["我是助手。", "an answer with   spaces", "x"]
+    session = ConversationSession(conv, 0, composer, max_context=10_000)
+    for text in answers:
+        prompt = session.next_prompt()
+        assert prompt is not None and prompt[-3:].tolist() == composer.generation_prompt
+        session.add_answer(tok.encode(text) + [EOS], "eos")
+    assert session.next_prompt() is None
+    rec = session.record()
+    msgs = [m for pair in zip([{"role": "user", "content": m["content"]} for m in conv.messages[::2]],
+                              [{"role": "assistant", "content": a} for a in answers]) for m in pair]
+    ref = get_template("openpangu").encode_chat(tok, msgs, False)
+    assert rec["ids"] == ref.ids
+    assert rec["assistant_mask"] == [int(m) for m in ref.assistant_mask]
+    assert [m["content"] for m in rec["messages"] if m["role"] == "assistant"] == answers
+    for turn in rec["turns"]:  # each turn's prompt is a prefix of ids; its answer follows it verbatim
+        p, a = turn["prompt_len"], turn["answer_ids"]
+        assert rec["ids"][p:p + len(a)] == a and all(rec["assistant_mask"][p:p + len(a)])
+    assert rec["conversations"][1] == {"from": "gpt", "value": answers[0]}
+
+
+def test_turn_that_does_not_fit_truncates_the_conversation(composer):
+    conv = _conv(1, ["short", "a much longer second question " * 20])
+    session = ConversationSession(conv, 3, composer, max_context=60)
+    assert session.next_prompt() is not None
+    session.add_answer([7, 8, EOS], "eos")
+    assert session.next_prompt() is None
+    rec = session.record()
+    assert rec["status"] == "truncated" and "turn 1" in rec["reason"] and len(rec["turns"]) == 1
+    too_long = ConversationSession(_conv(2, ["x " * 100]), 0, composer, max_context=60)
+    assert too_long.next_prompt() is None and too_long.record()["status"] == "skipped"
+
+
+# ------------------------------------------------------------------------------ resumable JSONL
+
+def test_jsonl_partial_last_line_is_cut_and_complete_records_kept(tmp_path):
+    path = str(tmp_path / "out.jsonl")
+    with JsonlAppender(path) as out:
+        out.append({"id": "a"})
+        out.append({"id": "b"})
+    with open(path, "ab") as fh:
+        fh.write(b'{"id": "c", "ids": [1, 2')  # killed mid-write
+    state = open_resumable(path)
+    assert [r["id"] for r in state.records] == ["a", "b"] and state.repaired_bytes == len(b'{"id": "c", "ids": [1, 2')
+    assert open(path, "rb").read().endswith(b'"b"}\n')
+    with open(path, "ab") as fh:
+        fh.write(b'{"id": "d"}')  # complete record that lost only its newline: kept
+    assert [r["id"] for r in open_resumable(path).records] == ["a", "b", "d"]
+    with open(path, "ab") as fh:
+        fh.write(b'not json\n{"id": "e"}\n')
+    with pytest.raises(ValueError, match="line 4 is not valid JSON"):
+        open_resumable(path)
+
+
+# ------------------------------------------------------------------------------ decoding (tiny teacher)
+
+class _Fixed:
+    """A one-turn session with a given prompt (for decoder-level tests)."""
+
+    def __init__(self, prompt, rng=None):
+        self.prompt, self.rng, self.answer, self.stop = prompt, rng, None, None
+
+    def next_prompt(self):
+        return None if self.answer is not None else self.prompt
+
+    def add_answer(self, tokens, stop):
+        self.answer, self.stop = list(tokens), stop
+
+
+def _prompts():
+    rng = np.random.default_rng(5)
+    lengths = [5, 40, 17, 1, 33, 16, 9]  # 1..3 prefill chunks of 16, more prompts than rows
+    return [rng.integers(5, 8000, n).astype(np.int32) for n in lengths]
+
+
+def _batch1_greedy(model, prompt, max_new):
+    runner = TeacherRunner(model, CHUNK, 2)
+    return generate(runner, prompt, DecodeSettings(max_new_tokens=max_new, eos_token_id=EOS))
+
+
+def test_batched_greedy_equals_batch1_generate(models):
+    prompts, max_new = _prompts(), 12
+    sessions = [_Fixed(p) for p in prompts]
+    finished = []
+    decoder = BatchDecoder(models["batched"], CHUNK, max_new, {EOS})
+    stats = decoder.run(iter(sessions), finished.append)
+    assert finished and len(finished) == len(prompts)  # continuous batching: 7 prompts through 3 rows
+    for s in sessions:
+        ref = _batch1_greedy(models["single"], s.prompt, max_new)
+        assert s.answer == ref.tokens, f"prompt of {s.prompt.size} tokens"
+        assert s.stop == ref.stop_reason
+    assert stats.generated_tokens == sum(len(s.answer) for s in sessions)
+    # fewer decode calls than tokens: rows decode together
+    assert stats.decode_calls < stats.generated_tokens - len(prompts)
+
+
+def test_sampled_decoding_does_not_depend_on_the_batch(models):
+    prompts = _prompts()[:4]
+    out = {}
+    for name in ("batched", "single"):
+        sessions = [_Fixed(p, np.random.default_rng([3, i])) for i, p in enumerate(prompts)]
+        BatchDecoder(models[name], CHUNK, 10, {EOS}, temperature=0.8).run(iter(sessions), lambda s: None)
+        out[name] = [s.answer for s in sessions]
+    assert out["batched"] == out["single"]
+    greedy = [_batch1_greedy(models["single"], p, 10).tokens for p in prompts]
+    assert out["batched"] != greedy
+
+
+def _write_data(path, n):
+    with open(path, "w", encoding="utf-8") as fh:
+        for i in range(n):
+            turns = ["hello there", "and then?"] if i % 2 else [f"question number {i} " * (1 + i % 3)]
+            conv = []
+            for t in turns:
+                conv += [{"from": "human", "value": t}, {"from": "gpt", "value": "old answer"}]
+            fh.write(json.dumps({"id": f"s{i}", "conversations": conv}, ensure_ascii=False) + "\n")
+
+
+def _cfg():
+    return config_from_dict({
+        "model": {"model_config": {**{k: getattr(MODEL, k) for k in ("vocab_size", "hidden_size", "intermediate_size",
+                                                                     "num_hidden_layers", "num_attention_heads",
+                                                                     "num_key_value_heads", "eos_token_id")}}},
+        "tokenizer": {"model_file": TOKENIZER, "chat_template": "openpangu"},
+        "runtime": {"seq_length": CAPACITY, "prefill_chunk": CHUNK, "batch_size": BATCH},
+        "generation": {"max_new_tokens": 6}})
+
+
+def _records(path):
+    with open(path, encoding="utf-8") as fh:
+        return {r["id"]: r for r in map(json.loads, fh)}
+
+
+def test_regenerate_multi_turn_resume_and_repair(tmp_path, models):
+    data = str(tmp_path / "data.jsonl")
+    _write_data(data, 5)
+    cfg, logs = _cfg(), []
+    full = str(tmp_path / "full.jsonl")
+    run_regenerate(cfg, RegenOptions(out=full, data=data), model=models["batched"], log=logs.append)
+    ref = _records(full)
+    assert sorted(ref) == [f"s{i}" for i in range(5)]
+    two = ref["s1"]  # two turns: turn 2's context holds the teacher's own turn-1 answer
+    t0, t1 = two["turns"]
+    assert two["ids"][t0["prompt_len"]:t0["prompt_len"] + len(t0["answer_ids"])] == t0["answer_ids"]
+    assert t1["prompt_len"] > t0["prompt_len"] + len(t0["answer_ids"])
+    for turn in two["turns"]:  # each turn == batch-1 generate of that turn's prompt
+        ref_turn = _batch1_greedy(models["single"], np.array(two["ids"][:turn["prompt_len"]]), 6)
+        assert turn["answer_ids"] == ref_turn.tokens
+    # killed after 2 records, with a partial third line
+    part = str(tmp_path / "part.jsonl")
+    s1 = run_regenerate(cfg, RegenOptions(out=part, data=data, stop_after=2), model=models["batched"], log=logs.append)
+    assert s1.written == 2
+    with open(part, "ab") as fh:
+        fh.write(b'{"id": "s4", "index": 4, "ids": [1, 2, 3')
+    s2 = run_regenerate(cfg, RegenOptions(out=part, data=data), model=models["batched"], log=logs.append)
+    assert s2.repaired_bytes > 0 and s2.skipped_done == 2 and s2.written == 3
+    assert _records(part) == ref
+    s3 = run_regenerate(cfg, RegenOptions(out=part, data=data), model=models["batched"], log=logs.append)
+    assert (s3.written, s3.skipped_done) == (0, 5)
+    with pytest.raises(ValueError, match="temperature"):
+        run_regenerate(cfg, RegenOptions(out=part, data=data, temperature=0.7), model=models["batched"])
