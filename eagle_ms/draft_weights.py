@@ -183,6 +183,9 @@ def check_draft_matches_teacher(cfg: Eagle3Config, teacher: ModelConfig, source:
     if cfg.target_hidden_size != teacher.hidden_size:
         diffs.append(f"target_hidden_size: draft {cfg.target_hidden_size} != teacher hidden_size "
                      f"{teacher.hidden_size}")
+    if cfg.hidden_size != teacher.hidden_size:
+        diffs.append(f"hidden_size: draft {cfg.hidden_size} != teacher {teacher.hidden_size} (the draft reads "
+                     f"the teacher's token embedding)")
     if tuple(cfg.aux_layer_ids) != tuple(teacher.aux_layer_ids):
         diffs.append(f"aux layer ids: draft {list(cfg.aux_layer_ids)} != teacher {list(teacher.aux_layer_ids)}")
     if diffs:

@@ -2,16 +2,21 @@
 
 Alignment (batch 1). The teacher has committed length L and ``root`` (the token at position L, chosen,
 not yet in the teacher cache). The draft has committed the L pairs j = 0..L-1, pair j = (teacher
-feature f_j, token t_{j+1}) at slot j and RoPE position j; the last one is (f_{L-1}, root), and its
-output (top-k + hidden) is kept on the host as the tree's depth-1 distribution.
+feature f_j, token t_{j+1}) at RoPE position j; the last one is (f_{L-1}, root), and its output
+(top-k + hidden) is kept on the host as the tree's depth-1 distribution.
 
-Draft cache layout, capacity S = C + scratch (C = teacher capacity):
+Draft cache layout, capacity S = X + C (X = scratch size, C = teacher capacity):
 
-    slots [0, L)       committed pairs (written only by ``extend`` rows of real pairs)
-    slots [L, C)       free (future pairs)
-    slots [C, S)       scratch: expansion rows (depth t, frontier row r -> C + (t-1)*k + r) and the
-                       padding rows of ``extend`` calls (row i -> C + i). Never committed, never seen by
-                       a committed row, overwritten freely.
+    slots [0, X)         scratch: expansion rows (depth t, frontier row r -> (t-1)*k + r) and the
+                         padding rows of ``extend`` calls (row i -> i). Never committed, never seen by
+                         a committed row, overwritten freely.
+    slots [X, X+L)       committed pairs: pair j at slot X + j (written only by ``extend`` rows of real pairs)
+    slots [X+L, X+C)     free (future pairs)
+
+Scratch comes first so that attention can read only slots [0, X + w) for the teacher's attention
+windows w (``runtime.attention_windows``; the mask width selects the window, one graph per (N, width)),
+exactly as the teacher reads [0, w). Worked example: X = 36, windows (256, 512, C=2048), L = 300 ->
+expansion calls read slots [0, 36 + 512).
 
 Calls:
   * begin: the prompt's pairs (f_j, prompt[j+1]) ... (f_{P-1}, root) in chunks of ``prefill_chunk`` rows;
@@ -19,11 +24,11 @@ Calls:
     call of Dmax+1 rows (padding rows go to scratch);
   * propose(root): ``drafting.build_tree`` with one ``expand`` call of k rows per depth. Frontier node
     at depth t: token = its own, feature = its parent's output hidden, position L-1+t, slot in scratch;
-    it sees the committed window, its ancestors' scratch slots and itself.
+    it sees the committed pairs, its ancestors' scratch slots and itself.
 
 ``window`` W (``speculative.draft_window``): every row sees only the last W committed pairs (up to
-and including itself for extend rows; [L-W, L) for expansion rows); positions are unchanged.
-Worked example: L = 5, W = 2 -> an expansion row sees slots 3, 4 + its ancestors + itself.
+and including itself for extend rows; pairs [L-W, L) for expansion rows); positions are unchanged.
+Worked example: L = 5, W = 2 -> an expansion row sees pairs 3, 4 (slots X+3, X+4) + its ancestors + itself.
 """
 from __future__ import annotations
 
@@ -35,6 +40,8 @@ from eagle_ms.drafting import TreeDraft, TreeParams, build_tree
 from eagle_ms.models.eagle3 import Eagle3Draft, Eagle3Expand
 from eagle_ms.tree import DraftTree
 
+__all__ = ["Eagle3Drafter", "build_eagle3_drafter", "make_drafter", "scratch_size"]
+
 
 def scratch_size(params: TreeParams, prefill_chunk: int) -> int:
     """Scratch slots a drafter needs: expansions, and the padding rows of extend calls."""
@@ -42,30 +49,40 @@ def scratch_size(params: TreeParams, prefill_chunk: int) -> int:
 
 
 class Eagle3Drafter:
-    """Drafter protocol of ``eagle_ms.generate`` over an ``Eagle3Draft`` (batch 1)."""
+    """Drafter protocol of ``eagle_ms.generate`` over an ``Eagle3Draft`` (batch 1).
+
+    ``committed_capacity`` C: the teacher's capacity. ``windows``: the teacher runner's attention windows
+    (ascending, ending with C); None = always the whole cache. The draft's in-graph top-K may exceed
+    ``params.top_k`` (the first k of the sorted top-K are used), so one compiled draft serves several k.
+    """
 
     def __init__(self, draft: Eagle3Draft, params: TreeParams, committed_capacity: int, prefill_chunk: int,
-                 window: int | None = None, early_stop: bool = True):
+                 window: int | None = None, early_stop: bool = True, expand_cell: Eagle3Expand | None = None,
+                 windows=None):
         if draft.batch != 1:
             raise ValueError(f"Eagle3Drafter drives batch 1; the draft was built for batch {draft.batch}")
         if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
             raise ValueError(f"config key 'speculative.draft_window' = {window!r}: must be an integer >= 1")
-        if draft.top_k != params.top_k:
+        if draft.top_k < params.top_k:
             raise ValueError(f"config key 'speculative.top_k' = {params.top_k}: the draft graph was built "
-                             f"with top_k {draft.top_k}")
-        params.check_fits(draft.config.draft_vocab_size, committed_capacity,
-                          draft.capacity - committed_capacity)
-        need = committed_capacity + scratch_size(params, prefill_chunk)
-        if draft.capacity < need:
+                             f"with top_k {draft.top_k} (its in-graph top-K must be >= k)")
+        self.scratch = draft.capacity - committed_capacity  # X
+        params.check_fits(draft.config.draft_vocab_size, committed_capacity, self.scratch)
+        need = scratch_size(params, prefill_chunk)
+        if self.scratch < need:
             raise ValueError(f"draft cache capacity {draft.capacity} < teacher capacity {committed_capacity} + "
-                             f"scratch {need - committed_capacity} (speculative.max_depth/top_k, prefill_chunk)")
-        self.draft, self.expand_cell = draft, Eagle3Expand(draft)
+                             f"scratch {need} (speculative.max_depth/top_k, prefill_chunk)")
+        if expand_cell is not None and expand_cell.draft is not draft:
+            raise ValueError("expand_cell wraps another draft")
+        # one Eagle3Expand per draft keeps its compiled graph: pass it when making several drafters
+        self.draft, self.expand_cell = draft, expand_cell or Eagle3Expand(draft)
         self.params, self.window, self.early_stop = params, window, early_stop
         self.capacity, self.committed_capacity, self.prefill_chunk = draft.capacity, committed_capacity, prefill_chunk
+        self.windows = tuple(w for w in sorted(set(windows or ())) if w < committed_capacity) + (committed_capacity,)
         self.length = 0  # committed pairs (== the teacher's committed length)
         self.last: TreeDraft | None = None
         self._root = None  # (token, top-k logprob [K], top-k target ids [K], hidden [H]) of the last pair
-        self._prev = None  # per expand call: (hidden [k, H], slots [k], scratch visibility [k, S])
+        self._prev = None  # last expand call: (hidden [k, H], slots [k], scratch visibility [k, X])
 
     # ------------------------------------------------------------------ protocol
 
@@ -99,48 +116,60 @@ class Eagle3Drafter:
 
     # ------------------------------------------------------------------ calls
 
-    def _visible(self, upto: np.ndarray) -> np.ndarray:
-        """[n, S] bool: row i sees committed slots [lo_i, upto_i) (lo by the window)."""
-        cols = np.arange(self.capacity)[None, :]
+    def _width(self, end: int) -> int:
+        """Mask width (slots read) for a call touching committed pairs [0, end): X + the smallest window >= end."""
+        for w in self.windows:
+            if w >= end:
+                return self.scratch + w
+        raise ValueError(f"draft cache full: {end} pairs needed, capacity {self.committed_capacity}")
+
+    def _visible(self, upto: np.ndarray, width: int) -> np.ndarray:
+        """[n, width] bool: row i sees committed pairs [lo_i, upto_i) (lo by ``draft_window``)."""
+        pair = np.arange(width)[None, :] - self.scratch  # column -> pair index (negative: scratch)
         upto = np.asarray(upto)[:, None]
         lo = 0 if self.window is None else np.maximum(upto - self.window, 0)
-        return (cols < upto) & (cols >= lo)
+        return (pair >= lo) & (pair < upto)
 
-    def _extend(self, tokens: np.ndarray, features: np.ndarray, width: int) -> None:
-        """Commit n <= width pairs in one call of ``width`` rows; keep the last pair's output."""
+    def _extend(self, tokens: np.ndarray, features: np.ndarray, rows: int, end: int | None = None) -> None:
+        """Commit n <= rows pairs in one call of ``rows`` rows; keep the last pair's output.
+
+        ``end`` (warm-up only) forces the attention window chosen for committed pairs [0, end).
+        """
         n, L = tokens.size, self.length
         if L + n > self.committed_capacity:
             raise ValueError(f"draft cache full: committed {L} + {n} pairs > capacity {self.committed_capacity}")
-        rows = np.arange(width)
-        real = rows < n
-        ids = np.zeros(width, np.int32)
+        width = self._width(L + n if end is None else end)
+        i = np.arange(rows)
+        real = i < n
+        ids = np.zeros(rows, np.int32)
         ids[:n] = tokens
-        feats = np.zeros((width, features.shape[-1]), np.float32)
+        feats = np.zeros((rows, features.shape[-1]), np.float32)
         feats[:n] = features
-        positions = np.where(real, L + rows, L).astype(np.int32)
-        slots = np.where(real, L + rows, self.committed_capacity + rows).astype(np.int32)
-        allowed = self._visible(np.where(real, L + rows + 1, 0))  # row i sees up to and incl. itself
-        allowed[rows, slots] = True  # padding rows: only themselves
+        positions = np.where(real, L + i, L).astype(np.int32)
+        slots = np.where(real, self.scratch + L + i, i).astype(np.int32)  # padding rows -> scratch slot i
+        allowed = self._visible(np.where(real, L + i + 1, 0), width)  # a real row sees up to itself
+        allowed[i, slots] = True  # padding rows: only themselves
         logprob, top_ids, hidden = self.draft(*self._tensors(ids, feats, positions, slots, allowed))
         self.length = L + n
         self._root = (int(tokens[-1]), logprob.asnumpy()[0, n - 1], top_ids.asnumpy()[0, n - 1],
                       hidden.asnumpy()[0, n - 1])
 
-    def _expand(self, depth: int, parent_rows: np.ndarray, tokens: np.ndarray):
+    def _expand(self, depth: int, parent_rows: np.ndarray, tokens: np.ndarray, end: int | None = None):
         """One expand call for the k frontier nodes of ``depth`` (see drafting.ExpandFn)."""
-        k, L, base = self.params.top_k, self.length, self.committed_capacity
-        slots = (base + (depth - 1) * k + np.arange(k)).astype(np.int32)
+        k, L, x = self.params.top_k, self.length, self.scratch
+        slots = ((depth - 1) * k + np.arange(k)).astype(np.int32)
         if depth == 1:
             feats = np.repeat(self._root[3][None], k, axis=0)
-            scratch = np.zeros((k, self.capacity), bool)
+            scratch = np.zeros((k, x), bool)
         else:
             hidden, prev_slots, prev_scratch = self._prev
             feats = hidden[parent_rows]
-            scratch = prev_scratch[parent_rows].copy()
+            scratch = prev_scratch[parent_rows]
             scratch[np.arange(k), prev_slots[parent_rows]] = True  # the parent itself
         mine = scratch.copy()
         mine[np.arange(k), slots] = True
-        allowed = self._visible(np.full(k, L)) | mine
+        allowed = self._visible(np.full(k, L), self._width(max(L, 1) if end is None else end))
+        allowed[:, :x] = mine
         positions = np.full(k, L - 1 + depth, np.int32)
         logprob, ids, hidden = self.expand_cell(*self._tensors(tokens, feats, positions, slots, allowed))
         self._prev = (hidden.asnumpy()[0], slots, mine)
@@ -153,10 +182,51 @@ class Eagle3Drafter:
                 Tensor(np.asarray(allowed, bool)[None]))
 
     def warm_up(self) -> None:
-        """Compile the extend graphs (prompt chunk, Dmax+1) and the expand graph; leaves the drafter empty."""
-        self.begin(np.zeros(1, np.int64), np.zeros((1, 3 * self.draft.config.target_hidden_size), np.float32), 0)
-        self.observe(np.zeros(1, np.int64), np.zeros((1, 3 * self.draft.config.target_hidden_size)), 0)
-        if self.params.max_depth > 1:
-            self._prev = None
-            self._expand(1, np.zeros(self.params.top_k, np.int64), np.zeros(self.params.top_k, np.int64))
+        """Compile every graph a generation can use: extend (prompt chunk, Dmax+1 rows) and expand (k rows)
+        for each attention window. Writes only slots that are rewritten before being read; leaves the
+        drafter empty."""
+        aux_width = 3 * self.draft.config.target_hidden_size
+        one = (np.zeros(1, np.int64), np.zeros((1, aux_width), np.float32))
+        for w in self.windows:
+            self.length = 0
+            self._extend(*one, self.prefill_chunk, end=w)
+            self._extend(*one, self.params.max_depth + 1, end=w)
+            if self.params.max_depth > 1:
+                self._expand(1, np.zeros(self.params.top_k, np.int64), np.zeros(self.params.top_k, np.int64), end=w)
         self.length, self._root, self._prev, self.last = 0, None, None, None
+
+
+def make_drafter(runner, draft_cfg, state: dict, budget: int, max_depth: int, top_k: int,
+                 window: int | None = None, backend: str = "eager") -> Eagle3Drafter:
+    """An Eagle3Drafter for a TeacherRunner from a draft config + state (e.g. ``load_draft_checkpoint``).
+
+    Shares the teacher's embedding Parameter (the draft's hidden size must equal the teacher's), sizes
+    the draft cache as scratch + teacher capacity and uses the runner's attention windows.
+    """
+    from eagle_ms.draft_weights import check_draft_matches_teacher, load_draft_state
+
+    teacher = runner.model.config
+    check_draft_matches_teacher(draft_cfg, teacher)
+    params = TreeParams(budget, max_depth, top_k)
+    params.check_fits(draft_cfg.draft_vocab_size, runner.capacity)
+    capacity = runner.capacity + scratch_size(params, runner.prefill_chunk)
+    draft = Eagle3Draft(draft_cfg, 1, capacity, top_k, backend, teacher.compute_dtype,
+                        embed=runner.model.model.embed_tokens.weight)
+    draft.set_train(False)
+    load_draft_state(draft, state)
+    return Eagle3Drafter(draft, params, runner.capacity, runner.prefill_chunk, window,
+                         windows=getattr(runner, "windows", None))
+
+
+def build_eagle3_drafter(cfg, runner) -> Eagle3Drafter:
+    """The configured EAGLE-3 drafter (``speculative.draft: eagle3``): loads ``speculative.draft_path``
+    (checked against the teacher) and applies budget / max_depth / top_k / draft_window."""
+    from eagle_ms.attention import choose_backend
+    from eagle_ms.draft_weights import load_draft_checkpoint
+    from eagle_ms.runtime import decode_mode
+
+    spec = cfg.speculative
+    draft_cfg, state = load_draft_checkpoint(spec.draft_path, cfg.model)
+    backend = choose_backend(decode_mode(cfg), cfg.runtime.device_target, tree=True)
+    return make_drafter(runner, draft_cfg, state, spec.budget, spec.max_depth, spec.top_k, spec.draft_window,
+                        backend)

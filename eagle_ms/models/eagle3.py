@@ -22,7 +22,8 @@ Two fixed-shape graphs share ONE set of weights and ONE static KV cache:
 
 both returning ``(topk_logprob [B,N,K] f32, topk_target_ids [B,N,K] i32, hidden [B,N,H])`` with the
 top-k taken in the graph. K/V of the N rows are written at ``cache_slots`` before attention; the mask
-(True = may attend to that slot) is the single mask source, converted by the attention backend.
+(True = may attend to that slot) is the single mask source, converted by the attention backend. Its
+width W <= S selects the attention window: only cache slots [0, W) are read (one graph per (N, W)).
 
 Token embedding: the draft SHARES the teacher's ``model.embed_tokens.weight`` Parameter when it is
 built from a teacher Cell (no second [V, H] copy on the device, identical by construction, and frozen
@@ -37,6 +38,7 @@ import numpy as np
 
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
+from mindspore.common.initializer import initializer
 
 from eagle_ms.attention import make_attention
 from eagle_ms.cache import KVCache, flat_rows
@@ -120,6 +122,9 @@ class DraftAttention(nn.Cell):
         if rows is None:
             return self.o_proj(self.attn(q, k, v, mask))
         k_all, v_all = self.kv_cache.update(k, v, rows)  # [B, Hkv, S, D]
+        window = mask.shape[-1]  # static: the mask's width selects the slots read, [0, window)
+        if window < k_all.shape[2]:
+            k_all, v_all = k_all[:, :, :window], v_all[:, :, :window]
         return self.o_proj(self.attn(q, k_all, v_all, mask))
 
 
@@ -162,7 +167,7 @@ class Eagle3Draft(nn.Cell):
         h = cfg.hidden_size
         self.embed_tokens = nn.Cell()
         if embed is None:
-            weight = Parameter(Tensor(np.zeros((cfg.vocab_size, h)), dt), name="weight", requires_grad=False)
+            weight = Parameter(initializer("zeros", (cfg.vocab_size, h), dt), name="weight", requires_grad=False)
             self.shares_embedding = False
         else:
             if tuple(embed.shape) != (cfg.vocab_size, h):
