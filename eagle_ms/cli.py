@@ -52,7 +52,7 @@ def cmd_generate(args) -> int:
 
     cfg = load_config(args.config, _overrides(args))
     setup_context(cfg)
-    session = Session(cfg)
+    session = Session(cfg, run_dir=args.run_dir)
     prompt = _encode_prompt(session.tokenizer, session.template, args)
     report = session.generate(prompt, warm_up=not args.no_warmup)
     text = session.tokenizer.decode(report["tokens"]) if session.tokenizer else None
@@ -86,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=int, dest="top_k")
     g.add_argument("--mode", choices=["reference", "performance"])
     g.add_argument("--no-warmup", action="store_true", help="time the first call too (includes graph compile)")
+    g.add_argument("--run-dir", help="write failure dumps (malformed trees, invariant failures) under RUN_DIR/failures")
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.set_defaults(func=cmd_generate)
     from eagle_ms.bench.commands import add_parsers as add_bench_parsers  # bench, sweep, report, trace diff

@@ -45,7 +45,7 @@ def build_runner(cfg: EagleMsConfig):
                          cfg.runtime.attention_windows)
 
 
-def decode_settings(cfg: EagleMsConfig, speculative: bool) -> DecodeSettings:
+def decode_settings(cfg: EagleMsConfig, speculative: bool, run_dir: str | None = None) -> DecodeSettings:
     spec = cfg.speculative
     return DecodeSettings(
         budget=spec.budget if speculative else 0,
@@ -53,6 +53,7 @@ def decode_settings(cfg: EagleMsConfig, speculative: bool) -> DecodeSettings:
         max_new_tokens=cfg.generation.max_new_tokens,
         eos_token_id=cfg.model.eos_token_id if cfg.generation.stop_on_eos else None,
         reference_checks=decode_mode(cfg) == "reference",
+        run_dir=run_dir,
     )
 
 

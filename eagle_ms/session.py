@@ -6,6 +6,8 @@ every front end reports the same fields, with metrics as defined in ``eagle_ms.g
 """
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 
 from eagle_ms.config import EagleMsConfig
@@ -14,7 +16,9 @@ from eagle_ms.runtime import build_runner, decode_mode, decode_settings, load_to
 
 
 class Session:
-    def __init__(self, cfg: EagleMsConfig):
+    """``run_dir``: where failure dumps (malformed trees, invariant failures) are written; None = no dumps."""
+
+    def __init__(self, cfg: EagleMsConfig, run_dir: str | None = None):
         self.cfg = cfg
         self.mode = decode_mode(cfg)
         self.tokenizer, self.template = load_tokenizer(cfg)
@@ -23,8 +27,8 @@ class Session:
                              f"model.model_config.vocab_size is {cfg.model.vocab_size}")
         self.runner = build_runner(cfg)
         self.speculative = cfg.speculative.draft != "none"
-        self.settings = decode_settings(cfg, self.speculative)
-        self.baseline_settings = decode_settings(cfg, False)
+        self.settings = decode_settings(cfg, self.speculative, run_dir)
+        self.baseline_settings = decode_settings(cfg, False, run_dir)
         self.eagle3 = None
         if cfg.speculative.draft == "eagle3":
             from eagle_ms.eagle3_drafter import build_eagle3_drafter
@@ -38,17 +42,25 @@ class Session:
         if self.eagle3 is not None:
             self.eagle3.warm_up()
 
-    def make_drafter(self, prompt_ids) -> object | None:
-        """The configured drafter for one prompt (the test drafter needs the teacher-only answer first)."""
+    def make_drafter(self, prompt_ids, baseline_tokens=None) -> object | None:
+        """The configured drafter for one prompt.
+
+        The test drafter needs the teacher-only answer: pass ``baseline_tokens`` when already known, else
+        it is generated here (untimed). Its seed mixes ``runtime.seed`` with the prompt, so acceptance
+        patterns differ between prompts.
+        """
         spec = self.cfg.speculative
         if spec.draft == "none":
             return None
         if spec.draft == "test":
             from eagle_ms.oracle_drafter import OracleDrafter
 
-            base = generate(self.runner, prompt_ids, self.baseline_settings)
-            return OracleDrafter(base.tokens, self.cfg.model.vocab_size, spec.budget, spec.max_depth,
-                                 spec.test_draft_error_rate, spec.test_draft_branching, self.cfg.runtime.seed)
+            prompt_ids = np.asarray(prompt_ids, dtype=np.int32)
+            if baseline_tokens is None:
+                baseline_tokens = generate(self.runner, prompt_ids, self.baseline_settings).tokens
+            seed = (self.cfg.runtime.seed * 1_000_003 + zlib.crc32(prompt_ids.tobytes())) % (2 ** 32)
+            return OracleDrafter(baseline_tokens, self.cfg.model.vocab_size, spec.budget, spec.max_depth,
+                                 spec.test_draft_error_rate, spec.test_draft_branching, seed)
         if spec.draft == "eagle3":
             return self.eagle3  # one compiled draft per session; begin() resets it per prompt
         raise ValueError(f"speculative.draft {spec.draft!r} is not available in this build "
