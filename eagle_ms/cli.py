@@ -17,14 +17,9 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 def _overrides(args) -> dict:
     """Dotted overrides from --set and from the explicit flags that mirror config keys."""
-    import yaml
+    from eagle_ms.config import parse_overrides
 
-    out = {}
-    for item in args.set:
-        if "=" not in item:
-            raise SystemExit(f"--set expects KEY=VALUE, got {item!r}")
-        key, value = item.split("=", 1)
-        out[key.strip()] = yaml.safe_load(value)
+    out = parse_overrides(args.set)
     flag_keys = {"seed": "runtime.seed", "max_new_tokens": "generation.max_new_tokens", "draft": "speculative.draft",
                  "budget": "speculative.budget", "max_depth": "speculative.max_depth", "top_k": "speculative.top_k",
                  "mode": "speculative.mode", "draft_path": "speculative.draft_path"}

@@ -299,6 +299,19 @@ def _resolve_relative(path: str, source: str) -> str:
     return os.path.join(os.path.dirname(base), path)
 
 
+def parse_overrides(items) -> dict:
+    """``["runtime.seq_length=1024", ...]`` -> ``{"runtime.seq_length": 1024}`` (values parsed as YAML)."""
+    import yaml
+
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise ValueError(f"override {item!r}: expected KEY=VALUE, e.g. runtime.seq_length=1024")
+        key, value = item.split("=", 1)
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
 def load_config(path: str, overrides: Mapping[str, Any] | None = None) -> EagleMsConfig:
     """Read a MindFormers-style YAML (``base_config`` inheritance supported) and validate it.
 

@@ -26,14 +26,13 @@ def main():
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--context", type=int, default=256)
     args = p.parse_args()
-    import yaml
     from eagle_ms.bench.draft_timing import time_draft
-    from eagle_ms.config import load_config
+    from eagle_ms.config import load_config, parse_overrides
     from eagle_ms.draft_weights import default_draft_config, load_draft_checkpoint, random_draft_state
     from eagle_ms.eagle3_drafter import make_drafter
     from eagle_ms.runtime import build_runner, setup_context
 
-    cfg = load_config(args.config, {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.set)})
+    cfg = load_config(args.config, parse_overrides(args.set))
     setup_context(cfg)
     runner = build_runner(cfg)
     if args.draft_path:

@@ -18,12 +18,11 @@ def main():
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--context", type=int, default=256)
     args = p.parse_args()
-    import yaml
     from eagle_ms.bench.calls import time_step_stages, time_teacher_calls
-    from eagle_ms.config import load_config
+    from eagle_ms.config import load_config, parse_overrides
     from eagle_ms.runtime import build_runner, setup_context
 
-    cfg = load_config(args.config, {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.set)})
+    cfg = load_config(args.config, parse_overrides(args.set))
     setup_context(cfg)
     runner = build_runner(cfg)
     sizes = [int(s) for s in args.sizes.split(",")]

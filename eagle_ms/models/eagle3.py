@@ -40,9 +40,9 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import initializer
 
-from eagle_ms.attention import make_attention
-from eagle_ms.cache import KVCache, flat_rows
-from eagle_ms.models.layers import DTYPES, MLP, Linear, RMSNorm, Rotary, apply_rope
+from eagle_ms.cache import flat_rows
+from eagle_ms.models.attention_layer import CachedAttention
+from eagle_ms.models.layers import DTYPES, MLP, Linear, RMSNorm, Rotary
 
 
 def _fail(key: str, value, why: str) -> None:
@@ -98,36 +98,6 @@ class Eagle3Config:
         object.__setattr__(self, "aux_layer_ids", tuple(ids))
 
 
-class DraftAttention(nn.Cell):
-    """Self-attention whose q/k/v read the 2H concat; no biases (as the official drafts)."""
-
-    def __init__(self, cfg: Eagle3Config, batch: int, capacity: int, backend: str, dtype):
-        super().__init__()
-        h, d = cfg.hidden_size, cfg.head_dim
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
-        self.q_proj = Linear(2 * h, self.num_heads * d, False, dtype)
-        self.k_proj = Linear(2 * h, self.num_kv_heads * d, False, dtype)
-        self.v_proj = Linear(2 * h, self.num_kv_heads * d, False, dtype)
-        self.o_proj = Linear(self.num_heads * d, h, False, dtype)
-        self.kv_cache = KVCache(batch, self.num_kv_heads, capacity, d, dtype)
-        self.attn = make_attention(backend, self.num_heads, self.num_kv_heads, d)
-
-    def construct(self, x, cos, sin, rows, mask):
-        """x [B,N,2H]; rows [B*Hkv*N] cache rows to write, or None (attend over the N rows only)."""
-        b, n, _ = x.shape
-        q = self.q_proj(x).reshape(b, n, self.num_heads, self.head_dim).swapaxes(1, 2)
-        k = self.k_proj(x).reshape(b, n, self.num_kv_heads, self.head_dim).swapaxes(1, 2)
-        v = self.v_proj(x).reshape(b, n, self.num_kv_heads, self.head_dim).swapaxes(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if rows is None:
-            return self.o_proj(self.attn(q, k, v, mask))
-        k_all, v_all = self.kv_cache.update(k, v, rows)  # [B, Hkv, S, D]
-        window = mask.shape[-1]  # static: the mask's width selects the slots read, [0, window)
-        if window < k_all.shape[2]:
-            k_all, v_all = k_all[:, :, :window], v_all[:, :, :window]
-        return self.o_proj(self.attn(q, k_all, v_all, mask))
-
-
 class DraftMidLayer(nn.Cell):
     """The EAGLE-3 decoder layer (HF names under ``midlayer.``)."""
 
@@ -136,7 +106,9 @@ class DraftMidLayer(nn.Cell):
         h = cfg.hidden_size
         self.input_layernorm = RMSNorm(h, cfg.rms_norm_eps, dtype)
         self.hidden_norm = RMSNorm(h, cfg.rms_norm_eps, dtype)
-        self.self_attn = DraftAttention(cfg, batch, capacity, backend, dtype)
+        self.self_attn = CachedAttention(2 * cfg.hidden_size, cfg.hidden_size, cfg.num_attention_heads,
+                                         cfg.num_key_value_heads, cfg.head_dim, False, batch, capacity,
+                                         backend, dtype)  # q/k/v over the 2H concat, no bias
         self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps, dtype)
         self.mlp = MLP(h, cfg.intermediate_size, dtype)
 

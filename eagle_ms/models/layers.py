@@ -87,7 +87,3 @@ def apply_rope(x, cos, sin):
     xf = x.astype(ms.float32)
     rotated = ops.concat((-xf[..., half:], xf[..., :half]), axis=-1)
     return (xf * cos + rotated * sin).astype(x.dtype)
-
-
-def init_normal(shape, dtype, std=0.02):
-    return initializer(Normal(std), shape, dtype)

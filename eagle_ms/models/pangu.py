@@ -23,45 +23,10 @@ import mindspore as ms
 from mindspore import Parameter, nn, ops
 from mindspore.common.initializer import Normal, initializer
 
-from eagle_ms.attention import make_attention
-from eagle_ms.cache import CacheMover, KVCache, flat_rows
+from eagle_ms.cache import CacheMover, flat_rows
 from eagle_ms.config import ModelConfig
-from eagle_ms.models.layers import DTYPES, MLP, Linear, RMSNorm, Rotary, apply_rope
-
-
-class Attention(nn.Cell):
-    """Self-attention over the static cache. Attribute names match HF (``self_attn.q_proj`` ...)."""
-
-    def __init__(self, cfg: ModelConfig, batch: int, capacity: int, backend: str):
-        super().__init__()
-        dt = DTYPES[cfg.compute_dtype]
-        h, d = cfg.hidden_size, cfg.head_dim
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
-        self.q_proj = Linear(h, self.num_heads * d, cfg.bias, dt)
-        self.k_proj = Linear(h, self.num_kv_heads * d, cfg.bias, dt)
-        self.v_proj = Linear(h, self.num_kv_heads * d, cfg.bias, dt)
-        self.o_proj = Linear(self.num_heads * d, h, cfg.bias, dt)
-        self.kv_cache = KVCache(batch, self.num_kv_heads, capacity, d, dt)
-        self.attn = make_attention(backend, self.num_heads, self.num_kv_heads, d)
-
-    def construct(self, x, cos, sin, rows, mask):
-        """x [B,N,H]; cos/sin [B,1,N,D]; mask prepared by the backend.
-
-        rows [B*Hkv*N]: cache rows to write (then attend over the whole cache, S = capacity), or None:
-        no cache, attend over the N tokens themselves (S = N; training and feature extraction).
-        """
-        b, n, _ = x.shape
-        q = self.q_proj(x).reshape(b, n, self.num_heads, self.head_dim).swapaxes(1, 2)
-        k = self.k_proj(x).reshape(b, n, self.num_kv_heads, self.head_dim).swapaxes(1, 2)
-        v = self.v_proj(x).reshape(b, n, self.num_kv_heads, self.head_dim).swapaxes(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if rows is None:
-            return self.o_proj(self.attn(q, k, v, mask))
-        k_all, v_all = self.kv_cache.update(k, v, rows)  # [B, Hkv, S, D]
-        window = mask.shape[-1]  # static: the mask's width selects the attention window [0, window)
-        if window < k_all.shape[2]:
-            k_all, v_all = k_all[:, :, :window], v_all[:, :, :window]
-        return self.o_proj(self.attn(q, k_all, v_all, mask))
+from eagle_ms.models.attention_layer import CachedAttention
+from eagle_ms.models.layers import DTYPES, MLP, Linear, RMSNorm, Rotary
 
 
 class DecoderLayer(nn.Cell):
@@ -71,7 +36,9 @@ class DecoderLayer(nn.Cell):
         super().__init__()
         dt = DTYPES[cfg.compute_dtype]
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dt)
-        self.self_attn = Attention(cfg, batch, capacity, backend)
+        self.self_attn = CachedAttention(cfg.hidden_size, cfg.hidden_size, cfg.num_attention_heads,
+                                         cfg.num_key_value_heads, cfg.head_dim, cfg.bias, batch, capacity,
+                                         backend, dt)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dt)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, dt)
 

@@ -1,0 +1,45 @@
+"""Self-attention over the static KV cache, shared by the teacher and the EAGLE-3 draft.
+
+Attribute names match HF checkpoints (``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``). The teacher's
+q/k/v read the hidden state (``in_features`` = H, bias per config); the draft's read the 2H concat of
+its normed embedding and feature (no bias).
+"""
+from __future__ import annotations
+
+from mindspore import nn
+
+from eagle_ms.attention import make_attention
+from eagle_ms.cache import KVCache
+from eagle_ms.models.layers import Linear, apply_rope
+
+
+class CachedAttention(nn.Cell):
+    def __init__(self, in_features: int, hidden: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                 bias: bool, batch: int, capacity: int, backend: str, dtype):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.q_proj = Linear(in_features, num_heads * head_dim, bias, dtype)
+        self.k_proj = Linear(in_features, num_kv_heads * head_dim, bias, dtype)
+        self.v_proj = Linear(in_features, num_kv_heads * head_dim, bias, dtype)
+        self.o_proj = Linear(num_heads * head_dim, hidden, bias, dtype)
+        self.kv_cache = KVCache(batch, num_kv_heads, capacity, head_dim, dtype)
+        self.attn = make_attention(backend, num_heads, num_kv_heads, head_dim)
+
+    def construct(self, x, cos, sin, rows, mask):
+        """x [B,N,in]; cos/sin [B,1,N,D]; mask prepared by the backend, width W.
+
+        rows [B*Hkv*N]: cache rows to write, then attend over cache slots [0, W) (the mask's static width
+        selects the window); or None: no cache, attend over the N tokens themselves (training, features).
+        """
+        b, n, _ = x.shape
+        q = self.q_proj(x).reshape(b, n, self.num_heads, self.head_dim).swapaxes(1, 2)
+        k = self.k_proj(x).reshape(b, n, self.num_kv_heads, self.head_dim).swapaxes(1, 2)
+        v = self.v_proj(x).reshape(b, n, self.num_kv_heads, self.head_dim).swapaxes(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if rows is None:
+            return self.o_proj(self.attn(q, k, v, mask))
+        k_all, v_all = self.kv_cache.update(k, v, rows)  # [B, Hkv, S, D]
+        window = mask.shape[-1]
+        if window < k_all.shape[2]:
+            k_all, v_all = k_all[:, :, :window], v_all[:, :, :window]
+        return self.o_proj(self.attn(q, k_all, v_all, mask))
