@@ -24,6 +24,8 @@ def main():
     p.add_argument("--save-every", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--export", default=None, help="directory for the final fp16 checkpoint")
+    p.add_argument("--export-only", action="store_true",
+                   help="export the newest checkpoint of --work-dir to --export and exit (a run may still be going)")
     args = p.parse_args()
 
     import mindspore as ms
@@ -38,6 +40,17 @@ def main():
     ms.set_context(mode=ms.GRAPH_MODE, memory_optimize_level=os.environ.get("EAGLE_MS_MEM_OPT", "O1"))
     ms.set_seed(args.seed)
     cfg = load_config(args.config)
+    if args.export_only:
+        if not args.export:
+            raise SystemExit("--export-only needs --export DIR")
+        from eagle_ms.models.pangu import PanguForCausalLM
+        from eagle_ms.train.checkpoint import load_model_weights
+
+        teacher = PanguForCausalLM(cfg.model, 1, 1, "eager")
+        step = load_model_weights(os.path.join(args.work_dir, "checkpoints"), teacher)
+        files = save_teacher_checkpoint(teacher, cfg.model, args.export, dtype="float16")
+        print(f"[export] step {step} -> {args.export}: {files}", flush=True)
+        return
     tokenizer, template = load_tokenizer(cfg)
 
     def conversations():

@@ -66,3 +66,32 @@ def load_train_state(ckpt_dir: str, optimizer) -> tuple[int, dict]:
     with open(os.path.join(path, "state.json"), encoding="utf-8") as fh:
         state = json.load(fh)
     return int(state["step"]), state["history"]
+
+
+def load_model_weights(ckpt_dir: str, model) -> int:
+    """Load only the model's weights from the newest checkpoint (no optimizer needed); returns its step.
+
+    Used to export a snapshot of a run that is still training.
+    """
+    step = latest_step(ckpt_dir)
+    if step is None:
+        raise FileNotFoundError(f"no complete checkpoint (step-N/state.json) under {ckpt_dir}")
+    params = ms.load_checkpoint(os.path.join(ckpt_dir, f"step-{step}", "optimizer.ckpt"))
+    # Weights are saved under the training wrapper's names (e.g. "full.teacher.<name>"); moments under
+    # "adam_m."/"adam_v.". Match each model parameter by name suffix, exactly once.
+    weights = {k: v for k, v in params.items() if not k.startswith(("adam_m.", "adam_v."))}
+    found, problems = {}, []
+    for name, param in model.parameters_and_names():
+        if not param.requires_grad:
+            continue
+        matches = [k for k in weights if k == name or k.endswith("." + name)]
+        if len(matches) != 1:
+            problems.append(f"{name}: {len(matches)} matches")
+        else:
+            found[name] = weights[matches[0]]
+    if problems:
+        raise ValueError(f"checkpoint step-{step} under {ckpt_dir}: cannot map model weights: {problems[:5]}")
+    for name, param in model.parameters_and_names():
+        if name in found:
+            param.set_data(found[name])
+    return step
