@@ -11,7 +11,12 @@ fi
 stamp=.venv/.eagle_ms_installed
 if [ ! -f "$stamp" ] || [ setup.py -nt "$stamp" ] || [ scripts/setup.sh -nt "$stamp" ]; then
   echo "[setup] installing dependencies (first run downloads MindSpore, ~800 MB)"
-  .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e ".[test,train,bench]"
+  log=.venv/install.log
+  if ! { .venv/bin/python -m pip install -q --upgrade pip && .venv/bin/python -m pip install -e ".[test,train,bench]"; } \
+      > "$log" 2>&1; then
+    tail -n 40 "$log"
+    echo "[setup] installation failed; full log: $log" >&2
+    exit 1
+  fi
   touch "$stamp"
 fi
