@@ -26,7 +26,7 @@ export GLOG_v=3
 if [ -n "$EXPORT" ]; then
   exec "$PY" scripts/train_demo_teacher.py --work-dir "$WORK" --export "$EXPORT" --export-only
 fi
-if pgrep -f "train_demo_teacher.py --work-dir $WORK" >/dev/null; then
+if pgrep -f "train_demo_teacher.py.*--work-dir $WORK( |$)" >/dev/null; then
   echo "already running: tail -f $WORK/train.log"; exit 0
 fi
 nohup nice -n 5 "$PY" scripts/train_demo_teacher.py --config configs/demo.yaml --work-dir "$WORK" --steps 8000 \

@@ -1,4 +1,4 @@
-"""CLI commands of the draft-training data pipeline: ``regenerate``, ``preprocess``, ``build-vocab``.
+"""CLI commands of the draft-training pipeline: ``regenerate``, ``preprocess``, ``build-vocab``, ``train-draft``.
 
 Registered by ``eagle_ms.cli.build_parser`` through ``add_parsers``; each command is argparse -> config ->
 one library call, with progress on stderr and a one-line JSON summary on stdout (docs/training.md).
@@ -70,8 +70,36 @@ def cmd_build_vocab(args) -> int:
     return 0
 
 
+def cmd_train_draft(args) -> int:
+    from eagle_ms.bench.distributed import init_ranks, under_msrun
+    from eagle_ms.train.draft_trainer import DraftTrainConfig, DraftTraining, draft_optim
+    from eagle_ms.train.preprocess import worker_context
+
+    from eagle_ms.config import load_config
+
+    cfg = load_config(args.config, args.overrides_fn(args))
+    tc = DraftTrainConfig(
+        out=args.out, work_dir=args.work_dir, data=args.data, online=args.online, vocab=args.vocab, init=args.init,
+        steps=args.steps, stop_after=args.stop_after, batch_size=args.batch_size, max_len=args.max_len,
+        buckets=tuple(int(b) for b in args.buckets.split(",")) if args.buckets else None,
+        min_bucket=args.min_bucket, ttt_steps=args.ttt_steps, decay=args.decay, ttt_mask=args.ttt_mask,
+        eval_every=args.eval_every, eval_samples=args.eval_samples, holdout_every=args.holdout_every,
+        save_every=args.save_every, log_every=args.log_every, seed=args.train_seed, export_dtype=args.export_dtype,
+        optim=draft_optim(lr=args.lr, min_lr_ratio=args.min_lr_ratio, warmup_steps=args.warmup,
+                          total_steps=args.total_steps or args.steps, weight_decay=args.weight_decay,
+                          beta1=args.beta1, beta2=args.beta2, grad_clip=args.grad_clip))
+    worker_context(cfg)  # device (msrun's DEVICE_ID on devices), graph mode, seeds
+    rank, world = init_ranks()  # msrun: joins the cluster (the scheduler process serves and exits here)
+    if under_msrun():
+        _log(f"[train-draft] rank {rank} of {world}")
+    summary = DraftTraining(cfg, tc, rank, world, log=_log).run()
+    if rank == 0:
+        print(json.dumps(summary))
+    return 0
+
+
 def add_parsers(sub, add_config_args, overrides_fn) -> None:
-    """Add the three subcommands to ``sub`` (argparse subparsers of ``eagle-ms``)."""
+    """Add the subcommands to ``sub`` (argparse subparsers of ``eagle-ms``)."""
     r = sub.add_parser("regenerate", help="the teacher answers the data's user turns itself (resumable JSONL)")
     add_config_args(r)
     r.add_argument("--out", required=True, help="output JSONL (appended; a rerun skips done conversation ids)")
@@ -112,3 +140,41 @@ def add_parsers(sub, add_config_args, overrides_fn) -> None:
                    "trained with the old one becomes inconsistent)")
     v.add_argument("--vocab-size", type=int, help="target vocab size V when the data does not record it")
     v.set_defaults(func=cmd_build_vocab)
+
+    t = sub.add_parser("train-draft", help="train the EAGLE-3 draft with training-time test (msrun: data parallel)")
+    add_config_args(t)
+    src = t.add_mutually_exclusive_group(required=True)
+    src.add_argument("--data", help="preprocessed features directory (eagle-ms preprocess --out)")
+    src.add_argument("--online", help="regenerated JSONL: teacher features computed per batch (no storage)")
+    t.add_argument("--vocab", help="draft vocabulary file (eagle-ms build-vocab --out); default: full vocabulary")
+    t.add_argument("--init", help="warm start from an EAGLE-3 draft directory (same vocabulary)")
+    t.add_argument("--out", required=True, help="exported EAGLE-3 draft directory (model.safetensors + config.json)")
+    t.add_argument("--work-dir", required=True, help="checkpoints/ and summary.json; a rerun resumes from here")
+    t.add_argument("--steps", type=int, default=1000, help="optimiser steps (default: %(default)s)")
+    t.add_argument("--total-steps", type=int, help="length of the lr schedule (default: --steps)")
+    t.add_argument("--stop-after", type=int, help="checkpoint and stop after this step (resume later)")
+    t.add_argument("--batch-size", type=int, default=8, help="global batch, split over workers (default: %(default)s)")
+    t.add_argument("--max-len", type=int, help="tokens per sample (default: the features' max_len)")
+    t.add_argument("--buckets", help="comma-separated padded lengths (default: doubling from --min-bucket)")
+    t.add_argument("--min-bucket", type=int, default=64)
+    t.add_argument("--ttt-steps", type=int, default=7, help="unrolled training-time-test steps (default: 7)")
+    t.add_argument("--decay", type=float, default=0.8, help="step i's loss weight is decay**i (default: 0.8)")
+    t.add_argument("--ttt-mask", choices=["inference", "eagle"], default="inference",
+                   help="attention of simulated steps to the data's keys: 'inference' (k <= j, what the drafter "
+                   "sees) or 'eagle' (k <= j - i, the SafeAILab code)")
+    t.add_argument("--lr", type=float, default=1e-4)
+    t.add_argument("--min-lr-ratio", type=float, default=0.1, help="cosine decays to lr * this")
+    t.add_argument("--warmup", type=int, default=100, help="linear warmup steps")
+    t.add_argument("--weight-decay", type=float, default=0.0)
+    t.add_argument("--beta1", type=float, default=0.9)
+    t.add_argument("--beta2", type=float, default=0.95)
+    t.add_argument("--grad-clip", type=float, default=0.5, help="global-norm clipping")
+    t.add_argument("--eval-every", type=int, default=200, help="held-out evaluation period (0: only at the end)")
+    t.add_argument("--eval-samples", type=int, default=64, help="held-out samples evaluated")
+    t.add_argument("--holdout-every", type=int, default=50, help="sample i is held out when i %% N == N-1 (0: none)")
+    t.add_argument("--save-every", type=int, default=200, help="checkpoint period (steps)")
+    t.add_argument("--log-every", type=int, default=10)
+    t.add_argument("--seed", type=int, default=0, dest="train_seed", help="draft init and data order (the "
+                   "teacher's random weights use runtime.seed)")
+    t.add_argument("--export-dtype", choices=["float32", "float16", "bfloat16"], default="float32")
+    t.set_defaults(func=cmd_train_draft, overrides_fn=overrides_fn)
