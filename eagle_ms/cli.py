@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     from eagle_ms.bench.commands import add_parsers as add_bench_parsers  # bench, sweep, report, trace diff
 
     add_bench_parsers(sub, _add_config_args, _overrides)
-    from eagle_ms.train.commands import add_parsers as add_train_data_parsers  # regenerate, preprocess, build-vocab
+    from eagle_ms.train.commands import add_parsers as add_train_data_parsers  # regenerate, preprocess, build-vocab, train-draft
 
     add_train_data_parsers(sub, _add_config_args, _overrides)
     return parser

@@ -72,10 +72,9 @@ def cmd_build_vocab(args) -> int:
 
 def cmd_train_draft(args) -> int:
     from eagle_ms.bench.distributed import init_ranks, under_msrun
+    from eagle_ms.config import load_config
     from eagle_ms.train.draft_trainer import DraftTrainConfig, DraftTraining, draft_optim
     from eagle_ms.train.preprocess import worker_context
-
-    from eagle_ms.config import load_config
 
     cfg = load_config(args.config, args.overrides_fn(args))
     tc = DraftTrainConfig(
