@@ -159,7 +159,14 @@ def bucket_for(n: int, buckets: tuple[int, ...]) -> int:
 
 
 def make_batch(samples: list[sh.SampleFeatures], buckets: tuple[int, ...]) -> Batch:
-    """Stack samples, zero-padded to the bucket of the longest one."""
+    """Stack samples, zero-padded to the bucket of the longest one.
+
+    ``Batch.loss_mask[t]`` is the stored mask of the token *predicted* at t: ``loss_mask[t + 1]`` (0 at
+    the last position). The target at t is the teacher's distribution of token t+1, so training covers
+    exactly the distributions that produce assistant tokens: the first answer token (predicted at the
+    generation prompt's last token) is in, the template token after an answer's eos is out.
+    Example: stored mask [0, 0, 1, 1, 0] -> batch mask [0, 1, 1, 0, 0].
+    """
     t = bucket_for(max(s.input_ids.size for s in samples), buckets)
     b, h3, h = len(samples), samples[0].aux.shape[-1], samples[0].hidden.shape[-1]
     ids = np.zeros((b, t), np.int32)
@@ -168,6 +175,6 @@ def make_batch(samples: list[sh.SampleFeatures], buckets: tuple[int, ...]) -> Ba
     hidden = np.zeros((b, t, h), np.float32)
     for r, s in enumerate(samples):
         n = s.input_ids.size
-        ids[r, :n], mask[r, :n] = s.input_ids, s.loss_mask
+        ids[r, :n], mask[r, :n - 1] = s.input_ids, s.loss_mask[1:n]
         aux[r, :n], hidden[r, :n] = s.aux, s.hidden
     return Batch(ids, mask, aux, hidden, int(sum(s.input_ids.size for s in samples)), int(mask.sum()))

@@ -2,7 +2,8 @@
 
 For step i and row j the draft has been fed the data's tokens ids[j+1 .. j+1+i] and its own features
 (eagle_ms.train.ttt). Its top-1 (mapped to a target id) is compared with the teacher's argmax at the
-target position j+1+i; positions count when loss_mask[j+1+i] = 1 (a teacher argmax outside the draft
+target position j+1+i; positions count when loss_mask[j+1+i] = 1 (the batch mask: token j+2+i is an
+assistant token; a teacher argmax outside the draft
 vocabulary counts as a miss here, unlike in the loss, where it is masked).
 
     acc[i]       = P(step i correct)                                    (per-step top-1 acceptance)
