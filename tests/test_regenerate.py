@@ -103,6 +103,27 @@ def test_turn_that_does_not_fit_truncates_the_conversation(composer):
     assert too_long.next_prompt() is None and too_long.record()["status"] == "skipped"
 
 
+def test_max_turns_and_max_prompt_tokens_limit_the_work(composer):
+    conv = _conv(3, ["first question", "second question", "third question"])
+    two = ConversationSession(conv, 0, composer, max_context=10_000, max_turns=2)
+    for _ in range(2):
+        assert two.next_prompt() is not None
+        two.add_answer([7, EOS], "eos")
+    assert two.next_prompt() is None
+    rec = two.record()
+    assert rec["status"] == "ok" and len(rec["turns"]) == 2
+    assert [m["role"] for m in rec["messages"]] == ["user", "assistant", "user", "assistant"]
+    first_len = len(ConversationSession(conv, 0, composer, max_context=10_000).next_prompt())
+    capped = ConversationSession(conv, 0, composer, max_context=10_000, max_prompt_tokens=first_len + 3)
+    assert capped.next_prompt() is not None  # turn 0 fits the cap
+    capped.add_answer([7, EOS], "eos")
+    assert capped.next_prompt() is None  # turn 1's prompt (turn 0 + answer + question) does not
+    rec = capped.record()
+    assert rec["status"] == "truncated" and "max_prompt_tokens" in rec["reason"]
+    with pytest.raises(ValueError, match="max_turns"):
+        RegenOptions(out="x.jsonl", max_turns=0)
+
+
 # ------------------------------------------------------------------------------ resumable JSONL
 
 def test_jsonl_partial_last_line_is_cut_and_complete_records_kept(tmp_path):

@@ -21,7 +21,8 @@ def cmd_regenerate(args) -> int:
     cfg = load_config(args.config, args.overrides_fn(args))
     setup_context(cfg)
     opts = RegenOptions(out=args.out, data=args.data, limit=args.limit, batch_size=args.batch_size,
-                        temperature=args.temperature, seed=args.sample_seed)
+                        temperature=args.temperature, seed=args.sample_seed, max_turns=args.max_turns,
+                        max_prompt_tokens=args.max_prompt_tokens)
     print(json.dumps(summary_dict(run_regenerate(cfg, opts, log=_log)), ensure_ascii=False))
     return 0
 
@@ -109,6 +110,9 @@ def add_parsers(sub, add_config_args, overrides_fn) -> None:
     r.add_argument("--batch-size", type=int, help="rows decoded together (default: runtime.batch_size)")
     r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default), > 0 = sampled")
     r.add_argument("--seed", type=int, default=0, dest="sample_seed", help="sampling seed (with --temperature)")
+    r.add_argument("--max-turns", type=int, help="answer at most N user turns per conversation (default: all)")
+    r.add_argument("--max-prompt-tokens", type=int, help="end a conversation at the first turn whose prompt is "
+                   "longer (default: only the KV-cache limit); long multi-turn prompts dominate regeneration time")
     r.set_defaults(func=cmd_regenerate, overrides_fn=overrides_fn)
 
     p = sub.add_parser("preprocess", help="teacher features of regenerated data into cached shards (msrun-aware)")

@@ -114,9 +114,13 @@ def plan_conversation(messages, template) -> tuple[list[tuple[str, str]], list[i
 class ConversationSession:
     """One conversation's turns for ``BatchDecoder``: prompts in, answers out, then a record."""
 
-    def __init__(self, conv, index: int, composer: ChatComposer, max_context: int, rng=None):
+    def __init__(self, conv, index: int, composer: ChatComposer, max_context: int, rng=None,
+                 max_turns: int | None = None, max_prompt_tokens: int | None = None):
         self.conv, self.index, self.composer, self.max_context, self.rng = conv, index, composer, max_context, rng
+        self.max_prompt_tokens = max_prompt_tokens
         self.context, self.points = plan_conversation(conv.messages, composer.template)
+        if max_turns is not None:
+            self.points = self.points[:max_turns]
         self.ids, self.mask = list(composer.bos), [0] * len(composer.bos)
         self.turns: list[dict] = []
         self.answers: list[str] = []
@@ -135,6 +139,11 @@ class ConversationSession:
         if len(ids) + 1 > self.max_context:
             self.status = "truncated" if self.turns else "skipped"
             self.reason = f"turn {len(self.turns)} prompt has {len(ids)} tokens; max_context is {self.max_context}"
+            return None
+        if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
+            self.status = "truncated" if self.turns else "skipped"
+            self.reason = (f"turn {len(self.turns)} prompt has {len(ids)} tokens; max_prompt_tokens is "
+                           f"{self.max_prompt_tokens}")
             return None
         self.mask += [0] * (len(ids) - len(self.ids))
         self.ids, self.next_msg = ids, self.points[len(self.turns)] + 1
@@ -177,6 +186,14 @@ class RegenOptions:
     temperature: float = 0.0
     seed: int = 0
     stop_after: int | None = None  # testing: stop after writing this many records (simulates a kill)
+    max_turns: int | None = None  # answer at most this many user turns per conversation (None = all)
+    max_prompt_tokens: int | None = None  # a turn whose prompt is longer ends the conversation (None = cache limit)
+
+    def __post_init__(self):
+        for name in ("max_turns", "max_prompt_tokens"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"regenerate {name} = {value!r}: must be a positive integer or None")
 
 
 @dataclass(frozen=True)
@@ -205,6 +222,7 @@ def regen_meta(cfg, opts: RegenOptions, backend: str, max_new: int, data_path: s
             "vocab_size": cfg.model.vocab_size, "max_new_tokens": max_new, "temperature": opts.temperature,
             "seed": opts.seed if opts.temperature > 0 else None, "seq_length": cfg.runtime.seq_length,
             "prefill_chunk": cfg.runtime.prefill_chunk, "eos_token_id": cfg.model.eos_token_id,
+            "max_turns": opts.max_turns, "max_prompt_tokens": opts.max_prompt_tokens,
             "data": os.path.abspath(data_path)}
 
 
@@ -261,7 +279,8 @@ def run_regenerate(cfg, opts: RegenOptions, model=None, log=print) -> RegenSumma
                 continue
             seen.add(conv.id)
             rng = np.random.default_rng([opts.seed, zlib.crc32(conv.id.encode())]) if opts.temperature > 0 else None
-            yield ConversationSession(conv, index, composer, decoder.max_context, rng)
+            yield ConversationSession(conv, index, composer, decoder.max_context, rng, opts.max_turns,
+                                      opts.max_prompt_tokens)
 
     t0 = time.perf_counter()
     with JsonlAppender(opts.out) as out:
