@@ -15,7 +15,9 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="configs/demo.yaml", help="model architecture + tokenizer")
     p.add_argument("--work-dir", default="work/demo_teacher")
-    p.add_argument("--steps", type=int, default=6000)
+    p.add_argument("--steps", type=int, default=6000, help="length of the lr schedule")
+    p.add_argument("--stop-after", type=int, help="checkpoint and stop after this step (resume later, possibly "
+                   "with another --steps: the schedule is recomputed, the optimiser state kept)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--lr", type=float, default=2e-3)
@@ -63,6 +65,7 @@ def main():
     print(f"[data] train {train.size} tokens, held-out {held.size} tokens", flush=True)
     optim = OptimConfig(lr=args.lr, warmup_steps=args.warmup, total_steps=args.steps)
     tcfg = LMTrainConfig(work_dir=args.work_dir, seq_len=args.seq_len, batch_size=args.batch_size, steps=args.steps,
+                         stop_after=args.stop_after,
                          eval_every=args.eval_every, save_every=args.save_every, seed=args.seed, optim=optim)
     teacher = train_lm(cfg.model, tcfg, train, held, log=lambda s: print(s, flush=True))
     if args.export:

@@ -30,7 +30,8 @@ class LMTrainConfig:
     work_dir: str
     seq_len: int = 512
     batch_size: int = 8
-    steps: int = 10000
+    steps: int = 10000  # length of the lr schedule
+    stop_after: int | None = None  # checkpoint and return after this step (a later run with other steps resumes)
     eval_every: int = 500
     eval_windows: int = 64
     save_every: int = 200
@@ -119,7 +120,8 @@ def train_lm(model_cfg: ModelConfig, cfg: LMTrainConfig, train_stream: np.ndarra
     tokens_per_step = cfg.batch_size * cfg.seq_len
     lrs = lr_schedule(cfg.optim)
     t_last, last_step = time.perf_counter(), start
-    for step in range(start, cfg.steps):
+    end = cfg.steps if cfg.stop_after is None else min(cfg.steps, cfg.stop_after)
+    for step in range(start, end):
         ids, labels = sample_batch(train_stream, cfg.batch_size, cfg.seq_len, cfg.seed, step)
         loss = float(step_cell(Tensor(ids), Tensor(labels)).asnumpy())
         if not np.isfinite(loss):
@@ -137,7 +139,7 @@ def train_lm(model_cfg: ModelConfig, cfg: LMTrainConfig, train_stream: np.ndarra
             held = evaluate(loss_net, held_stream, cfg.batch_size, cfg.seq_len, cfg.eval_windows)
             history["eval"].append([done, held])
             log(f"eval step {done}: held-out loss {held:.4f} ppl {np.exp(held):.2f}")
-        if done % cfg.save_every == 0 or done == cfg.steps:
+        if done % cfg.save_every == 0 or done == end:
             save_train_state(ckpt_dir, optimizer, done, history, {"config": asdict(cfg)})
     return teacher
 
