@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "tiny.yaml")
+DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "demo.yaml")
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -22,7 +22,8 @@ def _overrides(args) -> dict:
     out = parse_overrides(args.set)
     flag_keys = {"seed": "runtime.seed", "max_new_tokens": "generation.max_new_tokens", "draft": "speculative.draft",
                  "budget": "speculative.budget", "max_depth": "speculative.max_depth", "top_k": "speculative.top_k",
-                 "mode": "speculative.mode", "draft_path": "speculative.draft_path"}
+                 "mode": "speculative.mode", "draft_path": "speculative.draft_path",
+                 "min_path_prob": "speculative.min_path_prob"}
     for flag, key in flag_keys.items():
         value = getattr(args, flag, None)
         if value is not None:
@@ -79,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--budget", type=int, help="M: draft nodes per verify")
     g.add_argument("--max-depth", type=int, dest="max_depth", help="Dmax: tree depth bound")
     g.add_argument("--top-k", type=int, dest="top_k")
+    g.add_argument("--min-path-prob", type=float, dest="min_path_prob", help="eagle3 depth cut (speculative.min_path_prob)")
     g.add_argument("--mode", choices=["reference", "performance"])
     g.add_argument("--no-warmup", action="store_true", help="time the first call too (includes graph compile)")
     g.add_argument("--run-dir", help="write failure dumps (malformed trees, invariant failures) under RUN_DIR/failures")

@@ -206,6 +206,7 @@ class SpeculativeConfig:
     top_k: int = 4
     mode: str = "performance"  # reference | performance (env EAGLE_MS_MODE overrides)
     draft_window: int | None = None  # keep only the last W tokens of draft context (None = full)
+    min_path_prob: float = 0.0  # eagle3: stop drafting deeper once every frontier path's probability < this
     test_draft_error_rate: float = 0.3  # test drafter: chance a draft token is corrupted
     test_draft_branching: int = 2  # test drafter: max children per node
 
@@ -218,6 +219,9 @@ class SpeculativeConfig:
         _check_int("speculative.test_draft_branching", self.test_draft_branching, 1)
         if self.draft_window is not None:
             _check_int("speculative.draft_window", self.draft_window, 1)
+        if isinstance(self.min_path_prob, bool) or not isinstance(self.min_path_prob, (int, float)) \
+                or not 0 <= self.min_path_prob < 1:
+            _fail("speculative.min_path_prob", self.min_path_prob, "must be a number in [0, 1)")
         if not isinstance(self.test_draft_error_rate, (int, float)) or not 0 <= self.test_draft_error_rate <= 1:
             _fail("speculative.test_draft_error_rate", self.test_draft_error_rate, "must be in [0, 1]")
         if self.draft == "eagle3" and not self.draft_path:

@@ -197,7 +197,7 @@ class Eagle3Drafter:
 
 
 def make_drafter(runner, draft_cfg, state: dict, budget: int, max_depth: int, top_k: int,
-                 window: int | None = None, backend: str = "eager") -> Eagle3Drafter:
+                 window: int | None = None, backend: str = "eager", min_path_prob: float = 0.0) -> Eagle3Drafter:
     """An Eagle3Drafter for a TeacherRunner from a draft config + state (e.g. ``load_draft_checkpoint``).
 
     Shares the teacher's embedding Parameter (the draft's hidden size must equal the teacher's), sizes
@@ -207,7 +207,7 @@ def make_drafter(runner, draft_cfg, state: dict, budget: int, max_depth: int, to
 
     teacher = runner.model.config
     check_draft_matches_teacher(draft_cfg, teacher)
-    params = TreeParams(budget, max_depth, top_k)
+    params = TreeParams(budget, max_depth, top_k, min_path_prob)
     params.check_fits(draft_cfg.draft_vocab_size, runner.capacity)
     capacity = runner.capacity + scratch_size(params, runner.prefill_chunk)
     draft = Eagle3Draft(draft_cfg, 1, capacity, top_k, backend, teacher.compute_dtype,
@@ -220,7 +220,7 @@ def make_drafter(runner, draft_cfg, state: dict, budget: int, max_depth: int, to
 
 def build_eagle3_drafter(cfg, runner) -> Eagle3Drafter:
     """The configured EAGLE-3 drafter (``speculative.draft: eagle3``): loads ``speculative.draft_path``
-    (checked against the teacher) and applies budget / max_depth / top_k / draft_window."""
+    (checked against the teacher) and applies budget / max_depth / top_k / draft_window / min_path_prob."""
     from eagle_ms.attention import choose_backend
     from eagle_ms.draft_weights import load_draft_checkpoint
     from eagle_ms.runtime import decode_mode
@@ -229,4 +229,4 @@ def build_eagle3_drafter(cfg, runner) -> Eagle3Drafter:
     draft_cfg, state = load_draft_checkpoint(spec.draft_path, cfg.model)
     backend = choose_backend(decode_mode(cfg), cfg.runtime.device_target, tree=True)
     return make_drafter(runner, draft_cfg, state, spec.budget, spec.max_depth, spec.top_k, spec.draft_window,
-                        backend)
+                        backend, spec.min_path_prob)

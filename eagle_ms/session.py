@@ -6,6 +6,7 @@ every front end reports the same fields, with metrics as defined in ``eagle_ms.g
 """
 from __future__ import annotations
 
+import dataclasses
 import zlib
 
 import numpy as np
@@ -65,6 +66,18 @@ class Session:
             return self.eagle3  # one compiled draft per session; begin() resets it per prompt
         raise ValueError(f"speculative.draft {spec.draft!r} is not available in this build "
                          "(available: none, test, eagle3)")
+
+    def untimed_pair(self, prompt_ids, drafter, tokens: int) -> None:
+        """One teacher-only and one speculative run of ``tokens`` new tokens (first-call allocations and
+        any lazily built graph happen here, not in a timed run); results are discarded."""
+        full, base = self.settings, self.baseline_settings
+        self.settings = dataclasses.replace(full, max_new_tokens=tokens)
+        self.baseline_settings = dataclasses.replace(base, max_new_tokens=tokens)
+        try:
+            self.run(prompt_ids)
+            self.run(prompt_ids, drafter)
+        finally:
+            self.settings, self.baseline_settings = full, base
 
     def run(self, prompt_ids, drafter=None) -> GenerationResult:
         settings = self.settings if drafter is not None else self.baseline_settings

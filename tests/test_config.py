@@ -55,6 +55,8 @@ def test_base_config_inheritance_and_overrides(tmp_path):
     (("speculative", "mode"), "fast", "speculative.mode"),
     (("speculative", "draft"), "medusa", "speculative.draft"),
     (("speculative", "test_draft_error_rate"), 1.5, "speculative.test_draft_error_rate"),
+    (("speculative", "min_path_prob"), 1.0, "speculative.min_path_prob"),
+    (("speculative", "min_path_prob"), -0.5, "speculative.min_path_prob"),
     (("generation", "max_new_tokens"), -1, "generation.max_new_tokens"),
     (("runtime", "sequence_length"), 10, "runtime.sequence_length"),
 ])

@@ -161,6 +161,30 @@ def test_early_stop_is_exact_and_saves_calls():
         assert early.expand_calls == budget - 1 < full.expand_calls == 9
 
 
+def test_depth_cut_stops_where_every_frontier_path_is_unlikely():
+    """Top token p = 0.7 at every node: the best depth-t path has p = 0.7^t; with min_path_prob 0.3 the
+    depth-4 frontier (0.24) is below the cut, so exactly 3 expansions run and the tree is the EAGLE-2
+    tree of max_depth 4 (hand-derived: 0.7^3 = 0.343 >= 0.3 > 0.7^4)."""
+    def decaying(path):
+        lp = np.log(np.array([0.7, 0.2, 0.06, 0.04]))
+        return np.roll(lp, len(path) % 4)
+    want = reference_eagle2(decaying, 2, 16, 4)
+    for early in (False, True):
+        fake = PathDraft(decaying, 2)
+        lp, ids = fake.root()
+        got = build_tree(99, lp, ids, fake, TreeParams(16, 10, 2, min_path_prob=0.3), early)
+        assert got.expand_calls == 3
+        assert (got.tree.tokens.tolist(), got.tree.parents.tolist()) == (want[0], want[1])
+    uncut = build_tree(99, lp, ids, PathDraft(decaying, 2), TreeParams(16, 10, 2), False)
+    assert uncut.expand_calls == 9
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.0, True, "0.2"])
+def test_min_path_prob_validation(value):
+    with pytest.raises(ValueError, match="speculative.min_path_prob"):
+        TreeParams(4, 3, 2, min_path_prob=value)
+
+
 def test_budget_one_never_expands():
     got, fake = run_build(crafted_oracle(3), 4, 1, 10, True)
     assert got.expand_calls == 0 and fake.calls == [] and got.tree.num_nodes == 1

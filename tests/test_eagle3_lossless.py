@@ -41,15 +41,16 @@ class World:
             self.baselines[i] = generate(self.runners[1], PROMPTS[i], DecodeSettings(max_new_tokens=NEW_TOKENS))
         return self.baselines[i]
 
-    def drafter(self, budget, depth, k, seed, window=None):
+    def drafter(self, budget, depth, k, seed, window=None, min_path_prob=0.0):
         load_draft_state(self.draft, random_draft_state(self.cfg, seed, std=0.3))
-        return Eagle3Drafter(self.draft, TreeParams(budget, depth, k), CAPACITY, CHUNK, window,
+        return Eagle3Drafter(self.draft, TreeParams(budget, depth, k, min_path_prob), CAPACITY, CHUNK, window,
                              expand_cell=self.expand)
 
-    def speculate(self, i, budget, depth, k, seed, window=None, reference=False):
+    def speculate(self, i, budget, depth, k, seed, window=None, reference=False, min_path_prob=0.0):
         settings = DecodeSettings(budget=budget, max_depth=depth, max_new_tokens=NEW_TOKENS,
                                   reference_checks=reference)
-        return generate(self.runners[depth], PROMPTS[i], settings, self.drafter(budget, depth, k, seed, window))
+        drafter = self.drafter(budget, depth, k, seed, window, min_path_prob)
+        return generate(self.runners[depth], PROMPTS[i], settings, drafter)
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +75,13 @@ def test_eagle3_speculative_equals_teacher_only(world, budget, depth, k):
 def test_eagle3_with_draft_window(world, window):
     for i in range(len(PROMPTS)):
         res = world.speculate(i, 16, 4, 4, seed=70 + window + i, window=window)
+        assert res.tokens == world.baseline(i).tokens
+
+
+@pytest.mark.parametrize("min_path_prob", [0.05, 0.3, 0.9])
+def test_eagle3_with_depth_cut(world, min_path_prob):
+    for i in range(len(PROMPTS)):
+        res = world.speculate(i, 16, 10, 4, seed=80 + i, min_path_prob=min_path_prob, reference=True)
         assert res.tokens == world.baseline(i).tokens
 
 

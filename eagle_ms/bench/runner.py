@@ -95,7 +95,7 @@ def build_manifest(cfg, session_mode: str, opts: BenchOptions, turns: list[TurnS
         "mode": session_mode,
         "profile": opts.profile,
         "run": {"draft": spec.draft, "budget": spec.budget, "max_depth": spec.max_depth, "top_k": spec.top_k,
-                "draft_window": spec.draft_window, "max_new_tokens": cfg.generation.max_new_tokens,
+                "draft_window": spec.draft_window, "min_path_prob": spec.min_path_prob, "max_new_tokens": cfg.generation.max_new_tokens,
                 "datasets": list(opts.datasets), "limit": opts.limit, "config_file": cfg.source,
                 "checkpoint": cfg.checkpoint, "draft_path": spec.draft_path},
         "world_size": opts.world_size,
@@ -248,17 +248,11 @@ class TurnRunner:
 def _warm_up(session, prompt_ids: np.ndarray, factory: DrafterFactory, spec: TurnSpec, tokens: int) -> None:
     """Compile all graphs, then one untimed baseline + EA pair of ``tokens`` new tokens."""
     session.warm_up()
-    full, base = session.settings, session.baseline_settings
-    session.settings = dataclasses.replace(full, max_new_tokens=tokens)
-    session.baseline_settings = dataclasses.replace(base, max_new_tokens=tokens)
     try:
-        session.run(prompt_ids)
-        session.run(prompt_ids, factory(session, prompt_ids, spec))
+        session.untimed_pair(prompt_ids, factory(session, prompt_ids, spec), tokens)
     except Exception as exc:  # noqa: BLE001 - the timed turn will fail again and be dumped there
         print(f"warning: warm-up on {spec.key} failed ({type(exc).__name__}: {exc}); graphs may compile "
               "during the first timed turn", file=sys.stderr)
-    finally:
-        session.settings, session.baseline_settings = full, base
 
 
 def _turn_note(header: dict) -> str:
