@@ -37,5 +37,5 @@ STEPS=${DEMO_DRAFT_STEPS:-1500}
 "$EMS" preprocess --config "$CFG" --data "$WORK/regen.jsonl" --out "$WORK/features" --max-len 512
 "$EMS" build-vocab --data "$WORK/features" --draft-vocab-size 2048 --out "$WORK/vocab.safetensors"
 "$EMS" train-draft --config "$CFG" --data "$WORK/features" --vocab "$WORK/vocab.safetensors" --out "$OUT" \
-  --work-dir "$WORK/train" --steps "$STEPS" --batch-size 4 --max-len 512 --lr 5e-4 --warmup 50 \
+  --work-dir "$WORK/train" --steps "$STEPS" --batch-size 4 --max-len 512 --lr 1e-3 --warmup 50 \
   --eval-every 250 --save-every 100 --export-dtype float16

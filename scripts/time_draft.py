@@ -15,33 +15,30 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def main():
+    from eagle_ms.bench.calls import add_timing_args, timing_runner
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default="configs/tiny.yaml")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    add_timing_args(p)
     p.add_argument("--budget", type=int, default=16)
     p.add_argument("--max-depth", type=int, default=10)
     p.add_argument("--top-k", default="4,10")
     p.add_argument("--draft-path", default=None)
     p.add_argument("--draft-seed", type=int, default=0)
-    p.add_argument("--repeats", type=int, default=30)
-    p.add_argument("--context", type=int, default=256)
+    p.add_argument("--min-path-prob", type=float, default=0.0, help="depth cut of the 'draft_tree' timing")
     args = p.parse_args()
     from eagle_ms.bench.draft_timing import time_draft
-    from eagle_ms.config import load_config, parse_overrides
     from eagle_ms.draft_weights import default_draft_config, load_draft_checkpoint, random_draft_state
     from eagle_ms.eagle3_drafter import make_drafter
-    from eagle_ms.runtime import build_runner, setup_context
 
-    cfg = load_config(args.config, parse_overrides(args.set))
-    setup_context(cfg)
-    runner = build_runner(cfg)
+    cfg, runner = timing_runner(args)
     if args.draft_path:
         draft_cfg, state = load_draft_checkpoint(args.draft_path, cfg.model)
     else:
         draft_cfg = default_draft_config(cfg.model)
         state = random_draft_state(draft_cfg, args.draft_seed)
     ks = [int(k) for k in args.top_k.split(",")]
-    drafters = {k: make_drafter(runner, draft_cfg, state, args.budget, args.max_depth, k) for k in ks}
+    drafters = {k: make_drafter(runner, draft_cfg, state, args.budget, args.max_depth, k,
+                                 min_path_prob=args.min_path_prob) for k in ks}
     res = time_draft(runner, drafters, args.repeats, args.context)
     m = cfg.model
     print(json.dumps({"config": args.config, "overrides": args.set, "layers": m.num_hidden_layers,

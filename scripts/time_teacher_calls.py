@@ -11,20 +11,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--config", default="configs/tiny.yaml")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--sizes", default="1,17,65")
-    p.add_argument("--repeats", type=int, default=30)
-    p.add_argument("--context", type=int, default=256)
-    args = p.parse_args()
-    from eagle_ms.bench.calls import time_step_stages, time_teacher_calls
-    from eagle_ms.config import load_config, parse_overrides
-    from eagle_ms.runtime import build_runner, setup_context
+    from eagle_ms.bench.calls import add_timing_args, time_step_stages, time_teacher_calls, timing_runner
 
-    cfg = load_config(args.config, parse_overrides(args.set))
-    setup_context(cfg)
-    runner = build_runner(cfg)
+    p = argparse.ArgumentParser(description=__doc__)
+    add_timing_args(p)
+    p.add_argument("--sizes", default="1,17,65")
+    args = p.parse_args()
+    cfg, runner = timing_runner(args)
     sizes = [int(s) for s in args.sizes.split(",")]
     res = time_teacher_calls(runner, sizes, args.repeats, args.context)
     stages = time_step_stages(runner, [s - 1 for s in sizes if s > 1], repeats=args.repeats, context=args.context)

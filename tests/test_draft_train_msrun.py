@@ -7,13 +7,12 @@ The 1-worker reference runs in this process with the same YAML; the msrun run is
 """
 import json
 import os
-import socket
 import subprocess
 
 import numpy as np
 import pytest
 
-from conftest import REPO
+from conftest import REPO, free_port
 from eagle_ms.config import load_config
 from eagle_ms.draft_weights import load_draft_checkpoint, random_draft_state
 from eagle_ms.train.draft_trainer import DraftTrainConfig, DraftTraining, draft_optim
@@ -22,12 +21,6 @@ from test_draft_trainer import MODEL, TOKENIZER, make_pipeline_data
 
 SCRIPT = os.path.join(REPO, "scripts", "msrun_train_draft.sh")
 STEPS, BATCH, TTT = 4, 4, 3
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +47,7 @@ def _args(data, out, work):
 def test_two_workers_equal_one_worker(setup):
     root, data = setup
     log_dir = root / "logs"
-    cmd = ["bash", SCRIPT, "--workers", "2", "--master-port", str(_free_port()), "--log-dir", str(log_dir), "--",
+    cmd = ["bash", SCRIPT, "--workers", "2", "--master-port", str(free_port()), "--log-dir", str(log_dir), "--",
            "--config", str(root / "tiny.yaml"), *_args(data, root / "two", root / "w_two")]
     proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300)
     logs = {name: (log_dir / name).read_text(errors="replace") for name in os.listdir(log_dir)}

@@ -7,13 +7,12 @@ The 1-worker reference runs in this process with the same YAML; the msrun runs a
 """
 import json
 import os
-import socket
 import subprocess
 
 import numpy as np
 import pytest
 
-from conftest import REPO
+from conftest import REPO, free_port
 from eagle_ms.config import load_config
 from eagle_ms.train import shards as sh
 from eagle_ms.train.preprocess import PreprocessOptions, run_preprocess
@@ -30,12 +29,6 @@ runtime: {{seq_length: 32, prefill_chunk: 16, seed: 3}}
 """
 N_SAMPLES = 8  # shard size 1, 2 groups: shards 0..7; rank 0 owns the even ones, rank 1 the odd ones
 ARGS = ["--shard-size", "1", "--shard-groups", "2", "--min-bucket", "16"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +49,7 @@ def setup(tmp_path_factory):
 
 def _msrun(root, out, env=None):
     log_dir = root / f"logs-{os.path.basename(out)}-{len(os.listdir(root))}"
-    cmd = ["bash", SCRIPT, "--workers", "2", "--master-port", str(_free_port()), "--log-dir", str(log_dir), "--",
+    cmd = ["bash", SCRIPT, "--workers", "2", "--master-port", str(free_port()), "--log-dir", str(log_dir), "--",
            "--config", str(root / "tiny.yaml"), "--data", str(root / "data.jsonl"), "--out", str(out), *ARGS]
     proc = subprocess.run(cmd, cwd=root, env={**os.environ, **(env or {})}, capture_output=True, text=True,
                           timeout=300)

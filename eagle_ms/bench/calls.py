@@ -13,6 +13,24 @@ import numpy as np
 from eagle_ms.tree import DraftTree, tensorize
 
 
+def add_timing_args(parser) -> None:
+    """The options every timing script shares: --config, --set, --repeats, --context."""
+    parser.add_argument("--config", default="configs/tiny.yaml")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--context", type=int, default=256)
+
+
+def timing_runner(args):
+    """(config, warm-able TeacherRunner) from ``add_timing_args`` options, MindSpore context set."""
+    from eagle_ms.config import load_config, parse_overrides
+    from eagle_ms.runtime import build_runner, setup_context
+
+    cfg = load_config(args.config, parse_overrides(args.set))
+    setup_context(cfg)
+    return cfg, build_runner(cfg)
+
+
 def _chain_tree(root: int, n: int, vocab: int, rng) -> DraftTree:
     """A chain of n-1 random draft tokens (shape is what matters for timing)."""
     m = n - 1
