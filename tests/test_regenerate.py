@@ -171,11 +171,12 @@ def _batch1_greedy(model, prompt, max_new):
     return generate(runner, prompt, DecodeSettings(max_new_tokens=max_new, eos_token_id=EOS))
 
 
-def test_batched_greedy_equals_batch1_generate(models):
+@pytest.mark.parametrize("refill_min", [1, 2, 3])
+def test_batched_greedy_equals_batch1_generate(models, refill_min):
     prompts, max_new = _prompts(), 12
     sessions = [_Fixed(p) for p in prompts]
     finished = []
-    decoder = BatchDecoder(models["batched"], CHUNK, max_new, {EOS})
+    decoder = BatchDecoder(models["batched"], CHUNK, max_new, {EOS}, refill_min=refill_min)
     stats = decoder.run(iter(sessions), finished.append)
     assert finished and len(finished) == len(prompts)  # continuous batching: 7 prompts through 3 rows
     for s in sessions:
@@ -185,6 +186,22 @@ def test_batched_greedy_equals_batch1_generate(models):
     assert stats.generated_tokens == sum(len(s.answer) for s in sessions)
     # fewer decode calls than tokens: rows decode together
     assert stats.decode_calls < stats.generated_tokens - len(prompts)
+
+
+def test_grouped_refills_need_fewer_prefill_calls(models):
+    probe = [_Fixed(p) for p in _prompts()]
+    BatchDecoder(models["batched"], CHUNK, 12, set()).run(iter(probe), lambda s: None)
+    stops = {s.answer[k] for s, k in zip(probe, (2, 9, 5, 11, 1, 7, 4))}  # answers of varied lengths
+    calls, answers = {}, {}
+    for refill_min in (1, 3):
+        sessions = [_Fixed(p) for p in _prompts()]
+        decoder = BatchDecoder(models["batched"], CHUNK, 12, stops, refill_min=refill_min)
+        calls[refill_min] = decoder.run(iter(sessions), lambda s: None).prefill_calls
+        answers[refill_min] = [s.answer for s in sessions]
+    assert answers[1] == answers[3] and len({len(a) for a in answers[1]}) > 2
+    assert calls[3] < calls[1]
+    with pytest.raises(ValueError, match="refill_min"):
+        BatchDecoder(models["batched"], CHUNK, 12, set(), refill_min=4)
 
 
 def test_sampled_decoding_does_not_depend_on_the_batch(models):

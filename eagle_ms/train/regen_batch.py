@@ -11,7 +11,11 @@ run compiles exactly two graphs:
 
 Prefill has priority: while any row has prompt tokens left, decode rows wait (vLLM v0 style). A row
 that finishes its answer asks its session for the next prompt (next turn of the same conversation);
-a finished conversation leaves the row, which is refilled from the pending sessions at once.
+a finished conversation leaves the row free. Free rows are refilled from the pending sessions once at
+least ``refill_min`` rows are free (or none is busy): a prefill call costs B x C token-forwards however
+many rows use it, so refilling rows together rather than one by one cuts the prefill cost of a row up to
+B-fold (B=16, prompts of ~150 tokens: prefill was ~80 % of regeneration time with one-by-one refills).
+Rows never interact (each has its own mask), so ``refill_min`` changes only the speed, not the output.
 
 Per-row state lives on the host: committed length ``L`` (slots [0, L) valid), tokens still to feed,
 generated tokens. Index spaces for row b of a call: RoPE position = cache slot = ``L + i``; the mask
@@ -76,7 +80,8 @@ class DecodeStats:
 class BatchDecoder:
     """Continuous-batching decoding over a teacher Cell built for batch ``model.batch``."""
 
-    def __init__(self, model, prefill_chunk: int, max_new_tokens: int, stop_ids, temperature: float = 0.0):
+    def __init__(self, model, prefill_chunk: int, max_new_tokens: int, stop_ids, temperature: float = 0.0,
+                 refill_min: int = 1):
         self.model = model
         self.batch, self.capacity, self.chunk = model.batch, model.capacity, prefill_chunk
         if prefill_chunk < 1 or 2 * prefill_chunk >= self.capacity:
@@ -86,6 +91,9 @@ class BatchDecoder:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if not 1 <= refill_min <= model.batch:
+            raise ValueError(f"refill_min must be in [1, batch size {model.batch}], got {refill_min}")
+        self.refill_min = refill_min
         self.max_new_tokens = max_new_tokens
         self.stop_ids = frozenset(int(t) for t in stop_ids)
         self.temperature = float(temperature)
@@ -104,9 +112,11 @@ class BatchDecoder:
         pending = iter(sessions)
         exhausted = False
         while True:
-            for b in range(self.batch):
-                if rows[b] is None and not exhausted:
-                    rows[b], exhausted = self._start(pending, on_finished)
+            free = [b for b, row in enumerate(rows) if row is None]
+            if not exhausted and free and (len(free) >= self.refill_min or len(free) == self.batch):
+                for b in free:
+                    if not exhausted:
+                        rows[b], exhausted = self._start(pending, on_finished)
             if all(r is None for r in rows):
                 return self.stats
             if any(r is not None and r.feed.size for r in rows):

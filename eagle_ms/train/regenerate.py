@@ -267,7 +267,8 @@ def run_regenerate(cfg, opts: RegenOptions, model=None, log=print) -> RegenSumma
         model = build_teacher(cfg.model, cfg.checkpoint, batch, cfg.runtime.seq_length, backend, cfg.runtime.seed)
     composer = ChatComposer(tokenizer, template)
     stops = {cfg.model.eos_token_id, composer.eos} if cfg.generation.stop_on_eos else set()
-    decoder = BatchDecoder(model, cfg.runtime.prefill_chunk, max_new, stops, opts.temperature)
+    decoder = BatchDecoder(model, cfg.runtime.prefill_chunk, max_new, stops, opts.temperature,
+                           refill_min=max(1, batch // 2))
     stream = ShareGPTStream(data_path, opts.limit)
     counts = {"written": 0, "skipped_done": 0}
 
