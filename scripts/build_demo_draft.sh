@@ -11,9 +11,13 @@
 # build-vocab keeps an existing mapping, train-draft resumes from its newest checkpoint. Rerun after an
 # interruption. The numbers below are the recipe MODEL_CARD.md reports; change them only together.
 # Long stages run in the foreground with progress on stdout; run the script under nohup for a long build.
+# To keep editing the repository during a build, run a frozen copy (MindSpore re-reads Python source
+# when it compiles): git archive HEAD | tar -x -C SNAP; copy the teacher into SNAP/eagle_ms/assets/demo;
+# EAGLE_MS_PYTHON=$PWD/.venv/bin/python bash SNAP/scripts/build_demo_draft.sh W --export W/draft
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+if [ -z "${EAGLE_MS_PYTHON:-}" ]; then bash scripts/setup.sh; fi
+PY=${EAGLE_MS_PYTHON:-.venv/bin/python}
 WORK=$HOME/eagle_ms_work/demo_draft
 OUT=eagle_ms/assets/demo/draft
 while [ $# -gt 0 ]; do
@@ -24,18 +28,17 @@ while [ $# -gt 0 ]; do
 done
 mkdir -p "$WORK"
 export GLOG_v=${GLOG_v:-3}
-EMS=.venv/bin/eagle-ms
 CFG=configs/demo.yaml
 LIMIT=${DEMO_DRAFT_LIMIT:-2400}     # ShareGPT conversations offered (long first prompts are skipped)
 STEPS=${DEMO_DRAFT_STEPS:-1500}
 
 # Regeneration needs at most 256 prompt + 256 answer tokens + one 128-token prefill chunk of scratch:
 # a 640-slot cache (no attention windows) makes every decode call ~3x cheaper than the 2048 default.
-"$EMS" regenerate --config "$CFG" --set runtime.seq_length=640 --set runtime.attention_windows=null \
-  --out "$WORK/regen.jsonl" --limit "$LIMIT" --max-new-tokens 256 --batch-size 16 --max-turns 1 \
+"$PY" -m eagle_ms.cli regenerate --config "$CFG" --set runtime.seq_length=640 --set runtime.attention_windows=null \
+  --out "$WORK/regen.jsonl" --limit "$LIMIT" --max-new-tokens 256 --batch-size 32 --max-turns 1 \
   --max-prompt-tokens 256
-"$EMS" preprocess --config "$CFG" --data "$WORK/regen.jsonl" --out "$WORK/features" --max-len 512
-"$EMS" build-vocab --data "$WORK/features" --draft-vocab-size 2048 --out "$WORK/vocab.safetensors"
-"$EMS" train-draft --config "$CFG" --data "$WORK/features" --vocab "$WORK/vocab.safetensors" --out "$OUT" \
+"$PY" -m eagle_ms.cli preprocess --config "$CFG" --data "$WORK/regen.jsonl" --out "$WORK/features" --max-len 512
+"$PY" -m eagle_ms.cli build-vocab --data "$WORK/features" --draft-vocab-size 2048 --out "$WORK/vocab.safetensors"
+"$PY" -m eagle_ms.cli train-draft --config "$CFG" --data "$WORK/features" --vocab "$WORK/vocab.safetensors" --out "$OUT" \
   --work-dir "$WORK/train" --steps "$STEPS" --batch-size 4 --max-len 512 --lr 1e-3 --warmup 50 \
   --eval-every 250 --save-every 100 --export-dtype float16
