@@ -38,7 +38,7 @@ from mindspore import Tensor
 
 from eagle_ms.drafting import TreeDraft, TreeParams, build_tree
 from eagle_ms.models.eagle3 import Eagle3Draft, Eagle3Expand
-from eagle_ms.tree import DraftTree
+from eagle_ms.tree import DraftTree, chain_first
 
 __all__ = ["Eagle3Drafter", "build_eagle3_drafter", "make_drafter", "scratch_size"]
 
@@ -112,7 +112,7 @@ class Eagle3Drafter:
                                f"{None if self._root is None else self._root[0]} (begin/observe missing?)")
         _, logprob, ids, _ = self._root
         self.last = build_tree(int(root), logprob, ids, self._expand, self.params, self.early_stop)
-        return self.last.tree
+        return chain_first(self.last.tree)  # the likeliest chain in slot order: its commit needs no copy
 
     # ------------------------------------------------------------------ calls
 

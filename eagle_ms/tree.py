@@ -119,6 +119,34 @@ class TreeTensors:
         return self.budget + 1
 
 
+def chain_first(tree: DraftTree) -> DraftTree:
+    """The same tree renumbered in depth-first preorder, children by descending score (ties: lower id).
+
+    The best-scoring chain from the root becomes nodes 1..d, so when the teacher accepts a prefix of it
+    (the common case) the accepted node ids are 0..A, in slot order, and ``BranchCache.commit_by_path``
+    takes its no-copy path. Parents still precede children. Invalid parents raise (``tensorize`` names
+    the problem for trees that skip this step).
+    Example: parents [0, 0, 1], scores [-1.0, -0.5, -1.2] -> order (2, 1, 3): tokens[1], tokens[0],
+    tokens[2] with parents [0, 0, 2].
+    """
+    n = tree.num_nodes
+    parents = tree.parents
+    if n and (parents.min() < 0 or np.any(parents >= np.arange(1, n + 1))):
+        raise ValueError("chain_first: parents must satisfy 0 <= parents[i] < i + 1")
+    children: list[list[int]] = [[] for _ in range(n + 1)]
+    for node in sorted(range(1, n + 1), key=lambda k: (-tree.scores[k - 1], k)):
+        children[int(parents[node - 1])].append(node)
+    order, stack = [], list(reversed(children[0]))
+    while stack:
+        node = stack.pop()
+        order.append(node)
+        stack.extend(reversed(children[node]))
+    new_id = np.zeros(n + 1, np.int64)
+    new_id[order] = np.arange(1, n + 1)
+    old = np.asarray(order, np.int64) - 1
+    return DraftTree(tree.root_token, tree.tokens[old], new_id[parents[old]], tree.scores[old])
+
+
 def _as_int(value, name: str) -> int:
     if isinstance(value, (bool, np.bool_)):
         raise ValueError(f"{name} must be an integer, got {value!r}")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from eagle_ms.tree import (DraftTree, TreeInvariantError, check_invariants, tensorize,
+from eagle_ms.tree import (DraftTree, TreeInvariantError, chain_first, check_invariants, tensorize,
                            verify_attention_mask)
 
 SETTINGS = settings(max_examples=150, deadline=None)
@@ -387,3 +387,51 @@ def test_tensorize_never_emits_out_of_range(parents, extra_budget, max_depth):
         arr = getattr(t, name)
         assert arr.min() >= 0 and arr.max() < budget + 1
     check_invariants(t)
+
+
+# ------------------------------------------------------------------------------ chain_first
+
+def test_chain_first_docstring_example():
+    tree = DraftTree(9, np.array([10, 11, 12]), np.array([0, 0, 1]), np.array([-1.0, -0.5, -1.2]))
+    got = chain_first(tree)
+    assert got.tokens.tolist() == [11, 10, 12] and got.parents.tolist() == [0, 0, 2]
+    assert got.scores.tolist() == [-0.5, -1.0, -1.2] and got.root_token == 9
+
+
+def test_chain_first_puts_the_best_chain_first_and_keeps_the_tree():
+    rng = np.random.default_rng(4)
+    for _ in range(200):
+        n = int(rng.integers(1, 30))
+        parents = np.array([rng.integers(0, i + 1) for i in range(n)])
+        scores = np.zeros(n)
+        for i in range(n):  # a child never outscores its parent (as in EAGLE-2 trees)
+            scores[i] = (scores[parents[i] - 1] if parents[i] else 0.0) - rng.random()
+        tree = DraftTree(1, rng.integers(0, 99, n), parents, scores)
+        got = chain_first(tree)
+        assert np.all(got.parents < np.arange(1, n + 1))  # parents precede children
+
+        def paths(t):  # every node as its root-to-node token path (order-free description of the tree)
+            out = set()
+            for k in range(1, t.num_nodes + 1):
+                path, node = [], k
+                while node:
+                    path.append(int(t.tokens[node - 1]))
+                    node = int(t.parents[node - 1])
+                out.add((tuple(reversed(path)), float(t.scores[k - 1])))
+            return out
+        assert paths(got) == paths(tree)
+        # nodes 1..d: from the root, always the best-scoring child (lowest old id on ties)
+        node, depth = 0, 0
+        while True:
+            kids = [k for k in range(1, n + 1) if tree.parents[k - 1] == node]
+            if not kids:
+                break
+            node = min(kids, key=lambda k: (-tree.scores[k - 1], k))
+            depth += 1
+            assert got.parents[depth - 1] == depth - 1
+            assert got.scores[depth - 1] == tree.scores[node - 1]
+
+
+def test_chain_first_rejects_bad_parents():
+    with pytest.raises(ValueError, match="chain_first"):
+        chain_first(DraftTree(1, np.array([5, 6]), np.array([0, 2]), np.zeros(2)))
