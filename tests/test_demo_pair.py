@@ -1,0 +1,119 @@
+"""The shipped demo pair (eagle_ms/assets/demo, configs/demo.yaml): it loads, its greedy output agrees with
+an independent NumPy fp64 forward and is identical with and without the draft, and the shipped draft's
+acceptance on held-out ShareGPT prompts is far above a random-weight draft's (computed here, same budget).
+
+Held-out prompts: ShareGPT conversations with index i % 50 == 49 (held out from the teacher's training,
+MODEL_CARD.md) at i >= 10000 (of 17 545), far past the conversations the draft was trained on (--limit in the card).
+"""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+from eagle_ms.assets import DEMO_DIR
+from eagle_ms.config import load_config
+from eagle_ms.draft_weights import load_draft_checkpoint, random_draft_state
+from eagle_ms.eagle3_drafter import make_drafter
+from eagle_ms.session import Session
+from numpy_reference import reference_forward
+
+DEMO_YAML = os.path.join(REPO, "configs", "demo.yaml")
+NEW_TOKENS = 40
+
+
+@pytest.fixture(scope="module")
+def session():
+    cfg = load_config(DEMO_YAML, {"speculative.draft": "eagle3", "generation.max_new_tokens": NEW_TOKENS,
+                                  "runtime.seq_length": 1024, "runtime.attention_windows": None})
+    s = Session(cfg)
+    s.warm_up()
+    return s
+
+
+def _read_safetensors(path: str) -> dict[str, np.ndarray]:
+    """Independent reader (header length u64 LE, JSON header, raw little-endian data), fp16/fp32 only."""
+    with open(path, "rb") as fh:
+        raw = fh.read()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    dtypes = {"F16": np.float16, "F32": np.float32}
+    out = {}
+    for key, meta in header.items():
+        if key != "__metadata__":
+            start, end = meta["data_offsets"]
+            data = np.frombuffer(raw[8 + n + start:8 + n + end], dtype=dtypes[meta["dtype"]])
+            out[key] = data.reshape(meta["shape"]).astype(np.float64)
+    return out
+
+
+def _chat(session, text: str) -> np.ndarray:
+    ids = session.template.encode_chat(session.tokenizer, [{"role": "user", "content": text}], True).ids
+    return np.asarray(ids, dtype=np.int32)
+
+
+def _heldout_prompts(count: int, max_tokens: int = 200) -> list[str]:
+    from eagle_ms.train.data import load_sharegpt
+
+    convs = load_sharegpt(limit=10000 + 50 * (count + 40)).conversations
+    prompts = []
+    for i in range(10000 + 49, len(convs), 50):
+        first = convs[i].messages[0]
+        if first["role"] == "user" and 20 <= len(first["content"]) <= 4 * max_tokens:
+            prompts.append(first["content"])
+        if len(prompts) == count:
+            return prompts
+    raise AssertionError(f"only {len(prompts)} held-out prompts found")
+
+
+def test_config_points_at_shipped_assets():
+    cfg = load_config(DEMO_YAML)
+    assert os.path.samefile(cfg.checkpoint, os.path.join(DEMO_DIR, "teacher"))
+    assert os.path.samefile(cfg.speculative.draft_path, os.path.join(DEMO_DIR, "draft"))
+    with open(os.path.join(DEMO_DIR, "teacher", "config.json")) as fh:
+        assert json.load(fh)["num_hidden_layers"] == cfg.model.num_hidden_layers
+    load_draft_checkpoint(cfg.speculative.draft_path, cfg.model)  # raises on any mismatch
+
+
+def test_teacher_greedy_matches_numpy_reference(session):
+    """First greedy tokens of the compiled teacher == argmax of the fp64 reference on the shipped weights."""
+    cfg = session.cfg.model
+    state = _read_safetensors(os.path.join(session.cfg.checkpoint, "model.safetensors"))
+    ids = _chat(session, "Explain in two sentences why the sky is blue.")
+    tokens = session.run(ids).tokens[:8]
+    seq = list(ids)
+    for t in tokens:
+        logits = reference_forward(cfg, state, seq).logits[-1]
+        top2 = np.sort(logits)[-2:]
+        if top2[1] - top2[0] > 1e-3:  # an fp32-vs-fp64 near-tie is not a disagreement
+            assert int(np.argmax(logits)) == t
+        seq.append(t)
+
+
+def test_fixed_prompt_identical_with_and_without_draft(session):
+    ids = _chat(session, "Write a Python function that returns the n-th Fibonacci number.")
+    base = session.run(ids)
+    ea = session.run(ids, session.make_drafter(ids))
+    assert ea.tokens == base.tokens and len(base.tokens) == NEW_TOKENS
+    assert len(session.tokenizer.decode(base.tokens).split()) >= 5  # real words, not byte noise
+
+
+def test_shipped_draft_acceptance_far_above_random_draft(session):
+    spec = session.cfg.speculative
+    draft_cfg, shipped_state = load_draft_checkpoint(spec.draft_path, session.cfg.model)
+    random_state = random_draft_state(draft_cfg, seed=1)
+    random_state["d2t"], random_state["t2d"] = shipped_state["d2t"], shipped_state["t2d"]
+    random_drafter = make_drafter(session.runner, draft_cfg, random_state, spec.budget, spec.max_depth, spec.top_k)
+    random_drafter.warm_up()
+    taus = {"shipped": [], "random": []}
+    for text in _heldout_prompts(4):
+        ids = _chat(session, text)
+        base = session.run(ids).tokens
+        for name, drafter in (("shipped", session.make_drafter(ids)), ("random", random_drafter)):
+            result = session.run(ids, drafter)
+            assert result.tokens == base
+            taus[name].append(result.tau)
+    shipped, rand = np.mean(taus["shipped"]), np.mean(taus["random"])
+    print(f"held-out tau: shipped {shipped:.2f} {taus['shipped']}, random {rand:.2f} {taus['random']}")
+    assert rand < 1.5 and shipped > rand + 1.0, taus
