@@ -16,6 +16,7 @@ from eagle_ms.draft_weights import check_draft_state, draft_to_target, load_draf
 from eagle_ms.drafting import TreeParams, build_tree, rank_order, select_tree
 from eagle_ms.eagle3_drafter import Eagle3Drafter, scratch_size
 from eagle_ms.models.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Expand
+from eagle_ms.tree import chain_first
 from test_eagle3_model import np_draft, rel_err
 
 # ------------------------------------------------------------------------------ reference EAGLE-2
@@ -352,7 +353,10 @@ def test_drafter_equals_whole_sequence_recompute(setup, pi, window, windows):
     assert rel_err(lp, full[ids]) < 1e-4
     np.testing.assert_array_equal(ids, np.argsort(-full, kind="stable")[:K])
     records = spy_expand(drafter)
-    tree = drafter.propose(root)
+    proposed = drafter.propose(root)
+    tree = drafter.last.tree  # creation order; propose returns it renumbered chain-first
+    chained = chain_first(tree)
+    assert (proposed.tokens.tolist(), proposed.parents.tolist()) == (chained.tokens.tolist(), chained.parents.tolist())
     # every expand row's hidden == the recompute of its root path
     paths = None
     for depth, parents, tokens, _, _, hidden in records:
