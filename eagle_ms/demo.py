@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         speedups.append(speedup)
         taus.append(ea.tau)
         print(f"\n### {q.dataset} {q.question_id} ({q.category}): {_shorten(q.turns[0])}")
-        print(session.tokenizer.decode(base.tokens))
+        eos = cfg.model.eos_token_id
+        print(session.tokenizer.decode(base.tokens[:-1] if base.tokens[-1:] == [eos] else base.tokens))
         print(f"--> {len(base.tokens)} tokens ({base.stop_reason}) | teacher-only {base.tokens_per_s:6.1f} tok/s | "
               f"EAGLE-3 {ea.tokens_per_s:6.1f} tok/s, tau {ea.tau:.2f} | speedup {speedup:.2f}x | "
               f"output {'identical' if same else 'DIFFERENT (bug: please report)'}", flush=True)

@@ -117,3 +117,13 @@ def test_shipped_draft_acceptance_far_above_random_draft(session):
     shipped, rand = np.mean(taus["shipped"]), np.mean(taus["random"])
     print(f"held-out tau: shipped {shipped:.2f} {taus['shipped']}, random {rand:.2f} {taus['random']}")
     assert rand < 1.5 and shipped > rand + 1.0, taus
+
+
+def test_demo_entry_point_on_the_bundled_sample(capsys):
+    """`bash scripts/demo.sh` minus set-up: the bundled sample, short answers, exit 0 (all identical)."""
+    from eagle_ms.demo import SAMPLE_DATA, main
+
+    assert main(["--data-dir", SAMPLE_DATA, "--per-dataset", "1", "--max-new-tokens", "12"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("output identical") == 2 and "### mt_bench 81" in out and "### humaneval 0" in out
+    assert "outputs all identical to teacher-only" in out
