@@ -21,6 +21,8 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
+from eagle_ms.drafting import check_min_path_prob
+
 COMPUTE_DTYPES = ("float32", "float16", "bfloat16")
 DEVICES = ("CPU", "Ascend", "GPU")
 EXEC_MODES = ("graph", "pynative")
@@ -219,9 +221,7 @@ class SpeculativeConfig:
         _check_int("speculative.test_draft_branching", self.test_draft_branching, 1)
         if self.draft_window is not None:
             _check_int("speculative.draft_window", self.draft_window, 1)
-        if isinstance(self.min_path_prob, bool) or not isinstance(self.min_path_prob, (int, float)) \
-                or not 0 <= self.min_path_prob < 1:
-            _fail("speculative.min_path_prob", self.min_path_prob, "must be a number in [0, 1)")
+        check_min_path_prob(self.min_path_prob)
         if not isinstance(self.test_draft_error_rate, (int, float)) or not 0 <= self.test_draft_error_rate <= 1:
             _fail("speculative.test_draft_error_rate", self.test_draft_error_rate, "must be in [0, 1]")
         if self.draft == "eagle3" and not self.draft_path:
