@@ -20,10 +20,12 @@ frontier score), no future candidate can enter the final top-``budget``: the res
 drafting all ``max_depth`` depths. E.g. ``budget=1`` always stops after depth 1.
 
 Depth cut (``min_path_prob`` p > 0, changes the tree, never the output): stop growing once every
-frontier path's draft probability is below p (best frontier score < log p). A further depth can only add
-nodes whose acceptance chance (as the draft estimates it) is below p, while each ``expand`` call costs a
-fixed fraction of a teacher step (on CPU about 0.3 teacher decodes), so drafting deeper is a loss in
-expectation. p = 0 keeps the EAGLE-2 tree (grow to ``max_depth`` or the exact early stop).
+frontier path's draft probability is below p (best frontier score < log p), then rerank what exists.
+The idea: a further depth only adds nodes the draft rates below p, while each ``expand`` call costs a
+fixed fraction of a teacher step. Measured on the demo pair it LOSES (docs/results.md §2: 1.74x at
+p = 0, 1.62x at p = 0.1, 1.56x at p = 0.2) because the draft's path probabilities underestimate how
+often greedy verification accepts, so it is off by default (p = 0: the EAGLE-2 tree, grown to
+``max_depth`` or the exact early stop). Kept as a knob for pairs whose draft is calibrated.
 E.g. p = 0.2 with the root top-k log p = (-0.1, -2.0): best frontier -0.1 >= log 0.2 = -1.61, expand;
 if depth 2's best frontier score is -1.7, stop and rerank what exists.
 
