@@ -77,6 +77,19 @@ def test_percentiles_tau_accept_pos_by_hand():
     assert metrics.accept_pos([], 2) == [None, None]
 
 
+def test_accept_by_position_by_hand():
+    # prompt 10, A = [2, 0, 3]: steps start at context 11, 11 + 3 = 14, 14 + 1 = 15
+    assert metrics.step_positions(10, [2, 0, 3]).tolist() == [11, 14, 15]
+    assert metrics.step_positions(10, []).tolist() == []
+    # + a turn with prompt 300, A = [1] (context 301), and one at 253 with A = [4, 0] (254, 259)
+    rows = metrics.accept_by_position([(10, [2, 0, 3]), (300, [1]), (253, [4, 0])], 256)
+    assert rows == [{"from": 0, "to": 256, "steps": 4, "accept_L": approx(9 / 4), "tau": approx(13 / 4)},
+                    {"from": 256, "to": 512, "steps": 2, "accept_L": approx(0.5), "tau": approx(1.5)}]
+    assert metrics.accept_by_position([], 256) == []
+    with pytest.raises(ValueError, match="bucket"):
+        metrics.accept_by_position([(1, [0])], 0)
+
+
 def test_divergence_exactness_margin():
     assert metrics.first_divergence([1, 2, 3], [1, 5]) == 1
     assert metrics.first_divergence([1, 2], [1, 2, 3]) == 2
@@ -105,6 +118,9 @@ def test_summary_of_synthetic_traces(tmp_path):
     assert s["speedup_of_means"] == approx(175 / 150)
     assert s["tau"] == approx(2.4) and s["verify_steps"] == 5
     assert [a["share"] for a in s["accept_pos"]] == approx([0.8, 0.4, 0.2])
+    # both ok turns have 3-token prompts: every step's context is < 256 -> one bucket, all 5 steps
+    assert s["accept_by_position"] == [{"from": 0, "to": 256, "steps": 5, "accept_L": approx(1.4),
+                                        "tau": approx(2.4)}]
     assert s["exactness"]["share"] == 0.5 and s["exactness"]["identical"] == 1
     assert s["exactness"]["mismatches"] == [{"key": "humaneval-0-1", **MISMATCH}]
     assert s["turns"] == {"expected": 4, "traced": 3, "ok": 2, "failed": 1, "skipped": 0,
@@ -126,6 +142,7 @@ def test_report_writes_markdown_and_plots(tmp_path):
     assert "| Speedup | 1.25x | 1.25x | 1.45x | 1.50x | 2 |" in text
     assert "humaneval-0-1 | 2 | 7 | 9 |" in text and "eagle-ms bench --synthetic" in text
     assert "1/2 turns identical" in text and "TreeInvariantError" in text
+    assert "| 0-255 | 5 | 1.40 | 2.40 |" in text
     assert json.loads((tmp_path / "summary.json").read_text()) == json.loads(json.dumps(s))
     for name in ("speedup_hist", "speedup_vs_accept", "accept_pos", "stages"):
         assert (tmp_path / "plots" / f"{name}.png").stat().st_size > 1000

@@ -105,6 +105,8 @@ def summarize(run_dir: str) -> dict:
                                                    if not os.path.exists(trace.rank_marker_path(run_dir, r))]},
         **{k: overall[k] for k in ("table1", "speedup_of_means", "tau", "verify_steps")},
         "accept_pos": [{"depth": d + 1, "share": v} for d, v in enumerate(overall["accept_pos"])],
+        "accept_by_position": metrics.accept_by_position(
+            ((h["prompt_tokens"], [s["accepted_len"] for s in st]) for h, st in ok), metrics.POSITION_BUCKET),
         "exactness": {"share": overall["exactness"], "identical": overall["identical"], "turns": len(ok),
                       "mismatches": [{"key": h["key"], **h["mismatch"]} for h, _ in ok if h["mismatch"]]},
         "stages": metrics.stage_stats(_stage_samples(ok)),
@@ -174,6 +176,12 @@ def render_markdown(s: dict) -> str:
               f"{s['verify_steps']} verify steps", ""]
     lines += md_table(["depth d"] + [str(a["depth"]) for a in s["accept_pos"]],
                     [["accept_pos[d]"] + [fmt(a["share"], 3) for a in s["accept_pos"]]])
+    if s["accept_by_position"]:
+        lines += ["", f"By context length at the verify step (prompt + generated tokens, buckets of "
+                      f"{metrics.POSITION_BUCKET}):", ""]
+        lines += md_table(["context tokens", "steps", "accept_L", "tau"],
+                          [[f"{b['from']}-{b['to'] - 1}", str(b["steps"]), fmt(b["accept_L"]), fmt(b["tau"])]
+                           for b in s["accept_by_position"]])
     ex = s["exactness"]
     lines += ["", "## Exactness", "", f"{ex['identical']}/{ex['turns']} turns identical "
               f"(exactness {fmt(ex['share'], 3)})."]
