@@ -78,10 +78,10 @@ def test_percentiles_tau_accept_pos_by_hand():
 
 
 def test_accept_by_position_by_hand():
-    # prompt 10, A = [2, 0, 3]: steps start at context 11, 11 + 3 = 14, 14 + 1 = 15
-    assert metrics.step_positions(10, [2, 0, 3]).tolist() == [11, 14, 15]
+    # prompt 10, A = [2, 0, 3]: steps start with 10, 10 + 3 = 13, 13 + 1 = 14 tokens committed
+    assert metrics.step_positions(10, [2, 0, 3]).tolist() == [10, 13, 14]
     assert metrics.step_positions(10, []).tolist() == []
-    # + a turn with prompt 300, A = [1] (context 301), and one at 253 with A = [4, 0] (254, 259)
+    # + a turn with prompt 300, A = [1] (at 300), and one with prompt 253, A = [4, 0] (at 253, 258)
     rows = metrics.accept_by_position([(10, [2, 0, 3]), (300, [1]), (253, [4, 0])], 256)
     assert rows == [{"from": 0, "to": 256, "steps": 4, "accept_L": approx(9 / 4), "tau": approx(13 / 4)},
                     {"from": 256, "to": 512, "steps": 2, "accept_L": approx(0.5), "tau": approx(1.5)}]

@@ -12,9 +12,9 @@ Inputs are plain numbers taken from traces; nothing here runs a model.
 - speedup of a turn = EA tokens/s / baseline tokens/s of that turn (same prompt, same process).
   Table 1 reports the mean, p50, p90, p99 over turns of the per-turn values (so p50 speedup is NOT
   p50 EA tok/s / p50 baseline tok/s); ``speedup_of_means`` = mean EA tok/s / mean baseline tok/s.
-- acceptance by context position: each verify step is put in the bucket of its context length
-  ``prompt_tokens + 1 + sum of (A + 1) over the turn's earlier steps`` (prefill emits the first token),
-  buckets of ``POSITION_BUCKET`` tokens; per bucket: steps, mean accept_L, tau. Shows where in a long
+- acceptance by context position: each verify step is put in the bucket of its committed context length
+  (KV-cache length, the RoPE position of the tree root) ``prompt_tokens + sum of (A + 1) over the turn's
+  earlier steps``, buckets of ``POSITION_BUCKET`` tokens; per bucket: steps, mean accept_L, tau. Shows where in a long
   context acceptance decays (a draft trained on short sequences, a teacher past its training length).
 - exactness = share of turns whose EA tokens equal the baseline tokens exactly (same length too).
 - margin at a mismatch = teacher logit top-1 minus top-2 at the first differing position, from a
@@ -60,19 +60,19 @@ def accept_pos(accepted_lengths: Sequence[int], max_depth: int) -> list[float | 
 
 
 def step_positions(prompt_tokens: int, accepted_lengths: Sequence[int]) -> np.ndarray:
-    """[steps] context length at the start of each verify step of one turn (module doc).
+    """[steps] committed context length at the start of each verify step of one turn (module doc).
 
-    Example: prompt 10, A = [2, 0, 3] -> [11, 14, 15].
+    Example: prompt 10, A = [2, 0, 3] -> [10, 13, 14].
     """
     a = np.asarray(accepted_lengths, dtype=np.int64)
-    return prompt_tokens + 1 + np.concatenate(([0], np.cumsum(a + 1)[:-1])) if a.size else a
+    return prompt_tokens + np.concatenate(([0], np.cumsum(a + 1)[:-1])) if a.size else a
 
 
 def accept_by_position(turns: Iterable[tuple[int, Sequence[int]]], bucket: int) -> list[dict]:
     """[{"from", "to", "steps", "accept_L", "tau"}] per non-empty bucket [from, to) of context length,
     ascending, over the (prompt_tokens, accepted lengths) of every turn.
 
-    Example: turns [(10, [2, 0, 3]), (300, [1])], bucket 256 -> positions 11, 14, 15 | 301:
+    Example: turns [(10, [2, 0, 3]), (300, [1])], bucket 256 -> positions 10, 13, 14 | 300:
     [{from 0, to 256, steps 3, accept_L 5/3, tau 8/3}, {from 256, to 512, steps 1, accept_L 1, tau 2}].
     """
     if bucket < 1:

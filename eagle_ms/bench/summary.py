@@ -177,7 +177,7 @@ def render_markdown(s: dict) -> str:
     lines += md_table(["depth d"] + [str(a["depth"]) for a in s["accept_pos"]],
                     [["accept_pos[d]"] + [fmt(a["share"], 3) for a in s["accept_pos"]]])
     if s["accept_by_position"]:
-        lines += ["", f"By context length at the verify step (prompt + generated tokens, buckets of "
+        lines += ["", f"By committed context length at the verify step (KV-cache tokens, buckets of "
                       f"{metrics.POSITION_BUCKET}):", ""]
         lines += md_table(["context tokens", "steps", "accept_L", "tau"],
                           [[f"{b['from']}-{b['to'] - 1}", str(b["steps"]), fmt(b["accept_L"]), fmt(b["tau"])]
