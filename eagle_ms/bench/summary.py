@@ -77,6 +77,14 @@ def _group(ok, max_depth: int) -> dict:
             "exactness": metrics.exactness(identical), "identical": int(sum(identical))}
 
 
+def _accept_by_position(ok) -> dict:
+    """Acceptance per bucket of committed context length ("context": prompt + answer so far) and of
+    answer offset ("answer": generated tokens so far, i.e. the same with a zero-length prompt)."""
+    turns = [(h["prompt_tokens"], [s["accepted_len"] for s in st]) for h, st in ok]
+    return {"context": metrics.accept_by_position(turns, metrics.POSITION_BUCKET),
+            "answer": metrics.accept_by_position([(0, acc) for _, acc in turns], metrics.POSITION_BUCKET)}
+
+
 def summarize(run_dir: str) -> dict:
     """The summary dict of a run directory (see module docstring)."""
     man_path = os.path.join(run_dir, trace.MANIFEST)
@@ -105,8 +113,7 @@ def summarize(run_dir: str) -> dict:
                                                    if not os.path.exists(trace.rank_marker_path(run_dir, r))]},
         **{k: overall[k] for k in ("table1", "speedup_of_means", "tau", "verify_steps")},
         "accept_pos": [{"depth": d + 1, "share": v} for d, v in enumerate(overall["accept_pos"])],
-        "accept_by_position": metrics.accept_by_position(
-            ((h["prompt_tokens"], [s["accepted_len"] for s in st]) for h, st in ok), metrics.POSITION_BUCKET),
+        "accept_by_position": _accept_by_position(ok),
         "exactness": {"share": overall["exactness"], "identical": overall["identical"], "turns": len(ok),
                       "mismatches": [{"key": h["key"], **h["mismatch"]} for h, _ in ok if h["mismatch"]]},
         "stages": metrics.stage_stats(_stage_samples(ok)),
@@ -176,12 +183,14 @@ def render_markdown(s: dict) -> str:
               f"{s['verify_steps']} verify steps", ""]
     lines += md_table(["depth d"] + [str(a["depth"]) for a in s["accept_pos"]],
                     [["accept_pos[d]"] + [fmt(a["share"], 3) for a in s["accept_pos"]]])
-    if s["accept_by_position"]:
-        lines += ["", f"By committed context length at the verify step (KV-cache tokens, buckets of "
-                      f"{metrics.POSITION_BUCKET}):", ""]
-        lines += md_table(["context tokens", "steps", "accept_L", "tau"],
-                          [[f"{b['from']}-{b['to'] - 1}", str(b["steps"]), fmt(b["accept_L"]), fmt(b["tau"])]
-                           for b in s["accept_by_position"]])
+    for kind, label in (("context", "committed context length (KV-cache tokens)"),
+                        ("answer", "answer offset (tokens generated so far)")):
+        rows = s["accept_by_position"][kind]
+        if rows:
+            lines += ["", f"By {label} at the verify step, buckets of {metrics.POSITION_BUCKET}:", ""]
+            lines += md_table([f"{kind} tokens", "steps", "accept_L", "tau"],
+                              [[f"{b['from']}-{b['to'] - 1}", str(b["steps"]), fmt(b["accept_L"]),
+                                fmt(b["tau"])] for b in rows])
     ex = s["exactness"]
     lines += ["", "## Exactness", "", f"{ex['identical']}/{ex['turns']} turns identical "
               f"(exactness {fmt(ex['share'], 3)})."]
