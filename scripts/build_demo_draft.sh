@@ -31,14 +31,19 @@ export GLOG_v=${GLOG_v:-3}
 CFG=configs/demo.yaml
 LIMIT=${DEMO_DRAFT_LIMIT:-2400}     # ShareGPT conversations offered (long first prompts are skipped)
 STEPS=${DEMO_DRAFT_STEPS:-1500}
+# DEMO_DRAFT_ANSWER_TOKENS (default 256, the shipped draft) sets the answer length the draft learns;
+# acceptance falls past it (docs/results.md §4): set it to the answer length you serve, e.g. 1024.
+ANSWER=${DEMO_DRAFT_ANSWER_TOKENS:-256}
+PROMPT=256                          # first prompts longer than this are skipped
 
-# Regeneration needs at most 256 prompt + 256 answer tokens + one 128-token prefill chunk of scratch:
-# a 640-slot cache (no attention windows) makes every decode call ~3x cheaper than the 2048 default.
-"$PY" -m eagle_ms.cli regenerate --config "$CFG" --set runtime.seq_length=640 --set runtime.attention_windows=null \
-  --out "$WORK/regen.jsonl" --limit "$LIMIT" --max-new-tokens 256 --batch-size 32 --max-turns 1 \
-  --max-prompt-tokens 256
-"$PY" -m eagle_ms.cli preprocess --config "$CFG" --data "$WORK/regen.jsonl" --out "$WORK/features" --max-len 512
+# Regeneration needs at most 256 prompt + ANSWER tokens + one 128-token prefill chunk of scratch: a
+# 640-slot cache at 256 (no attention windows) makes every decode call ~3x cheaper than the 2048 default.
+"$PY" -m eagle_ms.cli regenerate --config "$CFG" --set runtime.seq_length=$((PROMPT + ANSWER + 128)) \
+  --set runtime.attention_windows=null \
+  --out "$WORK/regen.jsonl" --limit "$LIMIT" --max-new-tokens "$ANSWER" --batch-size 32 --max-turns 1 \
+  --max-prompt-tokens "$PROMPT"
+"$PY" -m eagle_ms.cli preprocess --config "$CFG" --data "$WORK/regen.jsonl" --out "$WORK/features" --max-len $((PROMPT + ANSWER))
 "$PY" -m eagle_ms.cli build-vocab --data "$WORK/features" --draft-vocab-size 2048 --out "$WORK/vocab.safetensors"
 "$PY" -m eagle_ms.cli train-draft --config "$CFG" --data "$WORK/features" --vocab "$WORK/vocab.safetensors" --out "$OUT" \
-  --work-dir "$WORK/train" --steps "$STEPS" --batch-size 4 --max-len 512 --lr 1e-3 --warmup 50 \
+  --work-dir "$WORK/train" --steps "$STEPS" --batch-size 4 --max-len $((PROMPT + ANSWER)) --lr 1e-3 --warmup 50 \
   --eval-every 250 --save-every 100 --export-dtype float16
