@@ -23,7 +23,7 @@ def _overrides(args) -> dict:
     flag_keys = {"seed": "runtime.seed", "max_new_tokens": "generation.max_new_tokens", "draft": "speculative.draft",
                  "budget": "speculative.budget", "max_depth": "speculative.max_depth", "top_k": "speculative.top_k",
                  "mode": "speculative.mode", "draft_path": "speculative.draft_path",
-                 "min_path_prob": "speculative.min_path_prob"}
+                 "min_path_prob": "speculative.min_path_prob", "fallback_accept": "speculative.fallback_accept"}
     for flag, key in flag_keys.items():
         value = getattr(args, flag, None)
         if value is not None:
@@ -81,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-depth", type=int, dest="max_depth", help="Dmax: tree depth bound")
     g.add_argument("--top-k", type=int, dest="top_k")
     g.add_argument("--min-path-prob", type=float, dest="min_path_prob", help="eagle3 depth cut (speculative.min_path_prob)")
+    g.add_argument("--fallback-accept", type=float, dest="fallback_accept",
+                   help="teacher-only steps while mean accept_L is below this (speculative.fallback_accept)")
     g.add_argument("--mode", choices=["reference", "performance"])
     g.add_argument("--no-warmup", action="store_true", help="time the first call too (includes graph compile)")
     g.add_argument("--run-dir", help="write failure dumps (malformed trees, invariant failures) under RUN_DIR/failures")

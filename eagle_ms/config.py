@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from eagle_ms.drafting import check_min_path_prob
+from eagle_ms.fallback import check_fallback
 
 COMPUTE_DTYPES = ("float32", "float16", "bfloat16")
 DEVICES = ("CPU", "Ascend", "GPU")
@@ -209,6 +210,8 @@ class SpeculativeConfig:
     mode: str = "performance"  # reference | performance (env EAGLE_MS_MODE overrides)
     draft_window: int | None = None  # keep only the last W tokens of draft context (None = full)
     min_path_prob: float = 0.0  # eagle3: stop drafting deeper once every frontier path's probability < this
+    fallback_accept: float = 0.0  # teacher-only steps while the accept_L moving average is below this (0 = off)
+    fallback_steps: int = 16  # teacher-only steps per fallback period before the next speculative probe
     test_draft_error_rate: float = 0.3  # test drafter: chance a draft token is corrupted
     test_draft_branching: int = 2  # test drafter: max children per node
 
@@ -222,6 +225,7 @@ class SpeculativeConfig:
         if self.draft_window is not None:
             _check_int("speculative.draft_window", self.draft_window, 1)
         check_min_path_prob(self.min_path_prob)
+        check_fallback(self.fallback_accept, self.fallback_steps)
         if not isinstance(self.test_draft_error_rate, (int, float)) or not 0 <= self.test_draft_error_rate <= 1:
             _fail("speculative.test_draft_error_rate", self.test_draft_error_rate, "must be in [0, 1]")
         if self.draft == "eagle3" and not self.draft_path:

@@ -21,7 +21,8 @@ expansion calls read slots [0, 36 + 512).
 Calls:
   * begin: the prompt's pairs (f_j, prompt[j+1]) ... (f_{P-1}, root) in chunks of ``prefill_chunk`` rows;
   * observe(committed [A+1], aux [A+1, 3H], next_root): pairs (f_L, d_1) ... (f_{L+A}, bonus) in ONE
-    call of Dmax+1 rows (padding rows go to scratch);
+    call of Dmax+1 rows (padding rows go to scratch); after teacher-only fallback steps the tokens of
+    several steps come at once, in ceil(n / (Dmax+1)) calls;
   * propose(root): ``drafting.build_tree`` with one ``expand`` call of k rows per depth. Frontier node
     at depth t: token = its own, feature = its parent's output hidden, position L-1+t, slot in scratch;
     it sees the committed pairs, its ancestors' scratch slots and itself.
@@ -99,7 +100,8 @@ class Eagle3Drafter:
             self._extend(tokens[start:stop], prompt_aux[start:stop], self.prefill_chunk)
 
     def observe(self, committed, aux, next_root: int) -> None:
-        """Committed tokens [A+1] (root first), their teacher features [A+1, 3H], the bonus token."""
+        """Committed tokens [n] (root first; n = A+1, or more after fallback steps), their teacher
+        features [n, 3H], the next root (the bonus token)."""
         committed = np.asarray(committed, np.int64)
         tokens = np.append(committed[1:], next_root)
         width = self.params.max_depth + 1

@@ -12,6 +12,11 @@ is the last chosen token, not yet in the cache. A step
   5. commits the accepted nodes' K/V to [L, L+A+1) and emits the A drafts + the bonus token.
 Stops: EOS (emitted, then stop), ``max_new_tokens``, or KV capacity. Near capacity the loop falls back to
 N = 1 steps so speculative output stops exactly where teacher-only output would.
+
+Low-acceptance fallback (``fallback_accept`` > 0, eagle_ms/fallback.py): while the moving average of
+accept_L is below it, steps are teacher-only (N = 1) and the drafter is not called; the committed tokens
+and their aux features are buffered and handed to ``drafter.observe`` in one call just before the next
+speculative step (so the drafter's context stays complete). With no fallback every step observes at once.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
+from eagle_ms.fallback import SpeculationGate
 from eagle_ms.teacher import TeacherOutput, TeacherRunner
 from eagle_ms.tree import (DraftTree, TreeInvariantError, TreeTensors, check_invariants, tensorize,
                            verify_attention_mask, write_failure_dump)
@@ -39,7 +45,8 @@ class Drafter(Protocol):
         """A tree rooted at ``root`` with at most ``budget`` nodes and depth <= ``max_depth``."""
 
     def observe(self, committed: np.ndarray, aux: np.ndarray, next_root: int) -> None:
-        """The tokens just committed [A+1] (root first), their teacher aux features [A+1, 3H], the bonus."""
+        """The tokens committed since the last call [n] (the root first; n = A+1 after one step, more after
+        teacher-only fallback steps), their teacher aux features [n, 3H], the next root (the bonus)."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,8 @@ class DecodeSettings:
     reference_checks: bool = False  # invariants before every verify + commit equivalence after every commit
     run_dir: str | None = None  # where failure dumps go
     on_step: Callable[["StepRecord"], None] | None = None  # called after every verify step (traces)
+    fallback_accept: float = 0.0  # teacher-only steps while the accept_L average is below this (0 = never)
+    fallback_steps: int = 16  # teacher-only steps per fallback period
 
 
 @dataclass
@@ -138,6 +147,7 @@ class _Clock:
 
 def _speculative_step(runner: TeacherRunner, drafter: Drafter | None, root: int,
                       settings: DecodeSettings) -> tuple[AcceptResult, TreeTensors, TeacherOutput, _Clock]:
+    """One step; ``drafter`` None (teacher-only run or fallback step) or no room -> the root alone (N = 1)."""
     clock = _Clock()
     budget = settings.budget
     if drafter is None or runner.length + budget + 1 > runner.capacity:
@@ -177,13 +187,16 @@ def generate(runner: TeacherRunner, prompt_ids, settings: DecodeSettings,
     draft_prefill_s = time.perf_counter() - t0 - prefill_s
     tokens: list[int] = []
     steps: list[StepRecord] = []
+    gate = SpeculationGate(settings.fallback_accept, settings.fallback_steps)
+    unobserved: list[tuple[np.ndarray, np.ndarray]] = []  # (committed [n], aux [n, 3H]) not yet observed
     stop = _emit(tokens, np.array([root]), settings)
     while stop is None:
         if runner.length + 1 > runner.capacity:
             stop = "capacity"
             break
         start = runner.length
-        result, tensors, out, clock = _speculative_step(runner, drafter, root, settings)
+        step_drafter = drafter if gate.speculate() else None
+        result, tensors, out, clock = _speculative_step(runner, step_drafter, root, settings)
         copied = runner.cache.commit_by_path(result.node_ids)
         committed = tensors.tokens[result.node_ids]
         if settings.reference_checks:
@@ -191,10 +204,16 @@ def generate(runner: TeacherRunner, prompt_ids, settings: DecodeSettings,
         clock.lap("commit")
         root = int(result.bonus_token)
         stop = _emit(tokens, np.asarray(result.tokens), settings)  # A drafts + bonus
+        tree_nodes = int(tensors.valid.sum()) - 1
         if drafter is not None and stop is None:
-            drafter.observe(committed, out.aux[result.node_ids], root)
+            gate.record(result.accepted_len if tree_nodes else None)
+            unobserved.append((committed, out.aux[result.node_ids]))
+            if gate.speculate():
+                drafter.observe(np.concatenate([c for c, _ in unobserved]),
+                                np.concatenate([a for _, a in unobserved]), root)
+                unobserved.clear()
         clock.lap("observe")
-        record = StepRecord(int(tensors.valid.sum()) - 1, int(tensors.depth.max()), result.accepted_len,
+        record = StepRecord(tree_nodes, int(tensors.depth.max()), result.accepted_len,
                             result.node_ids.tolist(), copied, clock.stages)
         steps.append(record)
         if settings.on_step is not None:

@@ -54,6 +54,8 @@ def decode_settings(cfg: EagleMsConfig, speculative: bool, run_dir: str | None =
         eos_token_id=cfg.model.eos_token_id if cfg.generation.stop_on_eos else None,
         reference_checks=decode_mode(cfg) == "reference",
         run_dir=run_dir,
+        fallback_accept=spec.fallback_accept,
+        fallback_steps=spec.fallback_steps,
     )
 
 

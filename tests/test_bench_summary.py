@@ -19,8 +19,8 @@ from eagle_ms.bench.sweep import SweepPoint, parse_windows, plan_sweeps, unique_
 approx = pytest.approx
 
 
-def step(accepted: int, draft=0.001, verify=0.004) -> dict:
-    return {"i": 0, "tree_nodes": 4, "tree_depth": 3, "accepted_len": accepted,
+def step(accepted: int, draft=0.001, verify=0.004, nodes=4) -> dict:
+    return {"i": 0, "tree_nodes": nodes, "tree_depth": 3 if nodes else 0, "accepted_len": accepted,
             "accepted_path": list(range(accepted + 1)), "reorder_copy": False,
             "stage_s": {"draft": draft, "verify": verify}}
 
@@ -116,7 +116,7 @@ def test_summary_of_synthetic_traces(tmp_path):
     assert t1["accept_L"] == {"n": 5, "mean": approx(1.4), "p50": approx(1.0), "p90": approx(2.6),
                               "p99": approx(2.96)}
     assert s["speedup_of_means"] == approx(175 / 150)
-    assert s["tau"] == approx(2.4) and s["verify_steps"] == 5
+    assert s["tau"] == approx(2.4) and s["verify_steps"] == 5 and s["teacher_only_steps"] == 0
     assert [a["share"] for a in s["accept_pos"]] == approx([0.8, 0.4, 0.2])
     # both ok turns have 3-token prompts and < 256 tokens: one bucket holding all 5 steps, both ways
     one_bucket = [{"from": 0, "to": 256, "steps": 5, "accept_L": approx(1.4), "tau": approx(2.4)}]
@@ -133,6 +133,15 @@ def test_summary_of_synthetic_traces(tmp_path):
     assert st["other"]["mean_ms"] == approx(1e3 * (0.025 + 0.01) / 2)
     assert s["by_dataset"]["mt_bench"]["speedup_mean"] == approx(1.5)
     assert s["by_dataset"]["humaneval"]["exactness"] == 0.0
+
+
+def test_teacher_only_steps_are_counted(tmp_path):
+    run = str(tmp_path)
+    trace.write_turn_trace(run, header("mt_bench-81-1", "mt_bench", 0, [1, 2, 3, 4], [1, 2, 3, 4], 100.0, 120.0),
+                           [step(2), step(0, nodes=0), step(0, nodes=0)])
+    s = write_report(run, plots=False)
+    assert s["teacher_only_steps"] == 2 and s["verify_steps"] == 3 and s["tau"] == approx(5 / 3)
+    assert "3 verify steps, 2 of them teacher-only" in (tmp_path / "summary.md").read_text()
 
 
 def test_report_writes_markdown_and_plots(tmp_path):

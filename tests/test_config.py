@@ -57,6 +57,10 @@ def test_base_config_inheritance_and_overrides(tmp_path):
     (("speculative", "test_draft_error_rate"), 1.5, "speculative.test_draft_error_rate"),
     (("speculative", "min_path_prob"), 1.0, "speculative.min_path_prob"),
     (("speculative", "min_path_prob"), -0.5, "speculative.min_path_prob"),
+    (("speculative", "fallback_accept"), -1.0, "speculative.fallback_accept"),
+    (("speculative", "fallback_accept"), "high", "speculative.fallback_accept"),
+    (("speculative", "fallback_steps"), 0, "speculative.fallback_steps"),
+    (("speculative", "fallback_steps"), 2.5, "speculative.fallback_steps"),
     (("generation", "max_new_tokens"), -1, "generation.max_new_tokens"),
     (("runtime", "sequence_length"), 10, "runtime.sequence_length"),
 ])

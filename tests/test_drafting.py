@@ -371,6 +371,20 @@ def test_drafter_equals_whole_sequence_recompute(setup, pi, window, windows):
     assert set(tree.tokens.tolist()) <= set(setup.targets.tolist())
 
 
+def test_observe_of_several_steps_at_once_equals_recompute(setup):
+    """After teacher-only fallback steps the loop observes many tokens in one call (here 2 * (Dmax+1) + 3,
+    split into 3 extend calls): the root pair's output still equals the whole-sequence recompute."""
+    params = PARAMS[0]
+    drafter = setup.drafter(params)
+    long = 2 * (params.max_depth + 1) + 2  # A: the call carries A + 1 tokens
+    pair_tokens, pair_feats, root = drive(setup, drafter, seed=61, observes=((2,), (long,), (1,)))
+    full, hid = Recompute(setup, pair_tokens, pair_feats, None).run(())
+    _, lp, ids, hidden = drafter._root
+    assert rel_err(hidden, hid) < 1e-4
+    assert rel_err(lp, full[ids]) < 1e-4
+    np.testing.assert_array_equal(ids, np.argsort(-full, kind="stable")[:K])
+
+
 def test_window_changes_the_draft(setup):
     a, b = setup.drafter(PARAMS[0]), setup.drafter(PARAMS[0], window=2)
     drive(setup, a, seed=40)

@@ -46,9 +46,11 @@ class World:
         return Eagle3Drafter(self.draft, TreeParams(budget, depth, k, min_path_prob), CAPACITY, CHUNK, window,
                              expand_cell=self.expand)
 
-    def speculate(self, i, budget, depth, k, seed, window=None, reference=False, min_path_prob=0.0):
+    def speculate(self, i, budget, depth, k, seed, window=None, reference=False, min_path_prob=0.0,
+                  fallback=(0.0, 16)):
         settings = DecodeSettings(budget=budget, max_depth=depth, max_new_tokens=NEW_TOKENS,
-                                  reference_checks=reference)
+                                  reference_checks=reference, fallback_accept=fallback[0],
+                                  fallback_steps=fallback[1])
         drafter = self.drafter(budget, depth, k, seed, window, min_path_prob)
         return generate(self.runners[depth], PROMPTS[i], settings, drafter)
 
@@ -83,6 +85,20 @@ def test_eagle3_with_depth_cut(world, min_path_prob):
     for i in range(len(PROMPTS)):
         res = world.speculate(i, 16, 10, 4, seed=80 + i, min_path_prob=min_path_prob, reference=True)
         assert res.tokens == world.baseline(i).tokens
+
+
+@pytest.mark.parametrize("fallback", [(0.5, 1), (2.0, 3), (float("inf"), 2)])
+def test_eagle3_with_low_acceptance_fallback(world, fallback):
+    """Teacher-only fallback steps and the batched observe after them leave the output unchanged (reference
+    mode: commit equivalence every step). With an unreachable bar every probe falls back again: drafted steps
+    are exactly every (fallback_steps + 1)-th."""
+    for i in range(len(PROMPTS)):
+        res = world.speculate(i, 16, 4, 4, seed=110 + i, reference=True, fallback=fallback)
+        assert res.tokens == world.baseline(i).tokens
+        drafted = [s.tree_nodes > 0 for s in res.steps]
+        if fallback[0] == float("inf"):
+            assert drafted == [j % (fallback[1] + 1) == 0 for j in range(len(drafted))]
+        assert any(drafted)
 
 
 @pytest.mark.parametrize("budget, depth, k, window", [(16, 10, 4, None), (4, 4, 1, 2)])

@@ -33,6 +33,8 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-depth", type=int, dest="max_depth", help="Dmax")
     p.add_argument("--top-k", type=int, dest="top_k")
     p.add_argument("--min-path-prob", type=float, dest="min_path_prob", help="eagle3 depth cut (speculative.min_path_prob)")
+    p.add_argument("--fallback-accept", type=float, dest="fallback_accept",
+                   help="teacher-only steps while mean accept_L is below this (speculative.fallback_accept)")
     p.add_argument("--mode", choices=["reference", "performance"])
     p.add_argument("--draft-window", type=_window, dest="draft_window", default=argparse.SUPPRESS,
                    help="keep the last W tokens of draft context, or 'none'")

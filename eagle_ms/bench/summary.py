@@ -112,6 +112,7 @@ def summarize(run_dir: str) -> dict:
         "ranks": {"world_size": world, "missing": [r for r in range(world)
                                                    if not os.path.exists(trace.rank_marker_path(run_dir, r))]},
         **{k: overall[k] for k in ("table1", "speedup_of_means", "tau", "verify_steps")},
+        "teacher_only_steps": sum(s["tree_nodes"] == 0 for _, st in ok for s in st),
         "accept_pos": [{"depth": d + 1, "share": v} for d, v in enumerate(overall["accept_pos"])],
         "accept_by_position": _accept_by_position(ok),
         "exactness": {"share": overall["exactness"], "identical": overall["identical"], "turns": len(ok),
@@ -180,7 +181,8 @@ def render_markdown(s: dict) -> str:
     lines += ["", "## Table 1: throughput and acceptance", ""] + _md_table1(s)
     lines += ["", f"speedup_of_means (mean EA tok/s / mean baseline tok/s): {fmt(s['speedup_of_means'], 3, 'x')}",
               "", "## Acceptance", "", f"tau (tokens per verify step): {fmt(s['tau'], 3)} over "
-              f"{s['verify_steps']} verify steps", ""]
+              f"{s['verify_steps']} verify steps, {s['teacher_only_steps']} of them teacher-only (N = 1: "
+              f"low-acceptance fallback or near KV capacity; counted with accept_L 0)", ""]
     lines += md_table(["depth d"] + [str(a["depth"]) for a in s["accept_pos"]],
                     [["accept_pos[d]"] + [fmt(a["share"], 3) for a in s["accept_pos"]]])
     for kind, label in (("context", "committed context length (KV-cache tokens)"),
