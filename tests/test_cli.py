@@ -58,3 +58,14 @@ def test_prompt_longer_than_cache_is_a_clear_error():
     proc = run_cli("generate", "--config", TINY, "--prompt-ids", ",".join(["5"] * 600))
     assert proc.returncode == 2
     assert "does not fit the KV cache" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_fallback_flag_reaches_the_loop(baseline):
+    # an unreachable bar: after the first speculative step every step of these 12 tokens is teacher-only
+    spec = generate_json("--seed", "3", "--draft", "test", "--budget", "8", "--max-depth", "4",
+                         "--fallback-accept", "inf")
+    assert spec["tokens"] == baseline["tokens"]
+    assert all(a == 0 for a in spec["accepted_lengths"][1:])
+    proc = run_cli("generate", "--config", TINY, "--prompt", "x", "--fallback-accept", "-1")
+    assert proc.returncode == 2
+    assert "speculative.fallback_accept" in proc.stderr and "Traceback" not in proc.stderr
