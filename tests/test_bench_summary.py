@@ -82,12 +82,19 @@ def test_accept_by_position_by_hand():
     assert metrics.step_positions(10, [2, 0, 3]).tolist() == [10, 13, 14]
     assert metrics.step_positions(10, []).tolist() == []
     # + a turn with prompt 300, A = [1] (at 300), and one with prompt 253, A = [4, 0] (at 253, 258)
-    rows = metrics.accept_by_position([(10, [2, 0, 3]), (300, [1]), (253, [4, 0])], 256)
+    all_drafted = [(10, [2, 0, 3], [True] * 3), (300, [1], [True]), (253, [4, 0], [True] * 2)]
+    rows = metrics.accept_by_position(all_drafted, 256)
     assert rows == [{"from": 0, "to": 256, "steps": 4, "accept_L": approx(9 / 4), "tau": approx(13 / 4)},
                     {"from": 256, "to": 512, "steps": 2, "accept_L": approx(0.5), "tau": approx(1.5)}]
+    # teacher-only steps advance the position but stay out of the statistics: the A = 0 at 13 and the
+    # A = 0 at 258 drop out, and the 256 bucket keeps only the step at 300
+    some_teacher_only = [(10, [2, 0, 3], [True, False, True]), (300, [1], [True]), (253, [4, 0], [True, False])]
+    assert metrics.accept_by_position(some_teacher_only, 256) == [
+        {"from": 0, "to": 256, "steps": 3, "accept_L": approx(3.0), "tau": approx(4.0)},
+        {"from": 256, "to": 512, "steps": 1, "accept_L": approx(1.0), "tau": approx(2.0)}]
     assert metrics.accept_by_position([], 256) == []
     with pytest.raises(ValueError, match="bucket"):
-        metrics.accept_by_position([(1, [0])], 0)
+        metrics.accept_by_position([(1, [0], [True])], 0)
 
 
 def test_divergence_exactness_margin():
@@ -141,6 +148,10 @@ def test_teacher_only_steps_are_counted(tmp_path):
                            [step(2), step(0, nodes=0), step(0, nodes=0)])
     s = write_report(run, plots=False)
     assert s["teacher_only_steps"] == 2 and s["verify_steps"] == 3 and s["tau"] == approx(5 / 3)
+    assert s["tau_drafted"] == approx(3.0)
+    # the position tables keep only the drafted first step (at context 3, the prompt length)
+    assert s["accept_by_position"]["context"] == [{"from": 0, "to": 256, "steps": 1, "accept_L": 2.0,
+                                                   "tau": 3.0}]
     assert "3 verify steps, 2 of them teacher-only" in (tmp_path / "summary.md").read_text()
 
 

@@ -14,8 +14,9 @@ Inputs are plain numbers taken from traces; nothing here runs a model.
   p50 EA tok/s / p50 baseline tok/s); ``speedup_of_means`` = mean EA tok/s / mean baseline tok/s.
 - acceptance by context position: each verify step is put in the bucket of its committed context length
   (KV-cache length, the RoPE position of the tree root) ``prompt_tokens + sum of (A + 1) over the turn's
-  earlier steps``, buckets of ``POSITION_BUCKET`` tokens; per bucket: steps, mean accept_L, tau. Shows where in a long
-  context acceptance decays (a draft trained on short sequences, a teacher past its training length).
+  earlier steps``, buckets of ``POSITION_BUCKET`` tokens; per bucket: drafted steps (teacher-only steps
+  advance the position but are left out), their mean accept_L and tau. Shows where in a long context
+  acceptance decays (a draft trained on short sequences, a teacher past its training length).
 - exactness = share of turns whose EA tokens equal the baseline tokens exactly (same length too).
 - margin at a mismatch = teacher logit top-1 minus top-2 at the first differing position, from a
   teacher forward over prompt + common prefix (a small margin = a numerical near-tie).
@@ -68,19 +69,21 @@ def step_positions(prompt_tokens: int, accepted_lengths: Sequence[int]) -> np.nd
     return prompt_tokens + np.concatenate(([0], np.cumsum(a + 1)[:-1])) if a.size else a
 
 
-def accept_by_position(turns: Iterable[tuple[int, Sequence[int]]], bucket: int) -> list[dict]:
-    """[{"from", "to", "steps", "accept_L", "tau"}] per non-empty bucket [from, to) of context length,
-    ascending, over the (prompt_tokens, accepted lengths) of every turn.
+def accept_by_position(turns: Iterable[tuple[int, Sequence[int], Sequence[bool]]], bucket: int) -> list[dict]:
+    """[{"from", "to", "steps", "accept_L", "tau"}] per bucket [from, to) of context length holding drafted
+    steps, ascending, over the (prompt_tokens, accepted lengths, drafted flags) of every turn. Every step
+    advances the position; only drafted steps (not teacher-only ones) enter the statistics.
 
-    Example: turns [(10, [2, 0, 3]), (300, [1])], bucket 256 -> positions 10, 13, 14 | 300:
-    [{from 0, to 256, steps 3, accept_L 5/3, tau 8/3}, {from 256, to 512, steps 1, accept_L 1, tau 2}].
+    Example: turns [(10, [2, 0, 3], [T, F, T]), (300, [1], [T])], bucket 256 -> positions 10, 13, 14 | 300:
+    [{from 0, to 256, steps 2, accept_L 5/2, tau 7/2}, {from 256, to 512, steps 1, accept_L 1, tau 2}].
     """
     if bucket < 1:
         raise ValueError(f"position bucket must be >= 1, got {bucket}")
     groups: dict[int, list[int]] = {}
-    for prompt_tokens, accepted in turns:
-        for pos, a in zip(step_positions(prompt_tokens, accepted), accepted):
-            groups.setdefault(int(pos) // bucket, []).append(int(a))
+    for prompt_tokens, accepted, drafted in turns:
+        for pos, a, d in zip(step_positions(prompt_tokens, accepted), accepted, drafted):
+            if d:
+                groups.setdefault(int(pos) // bucket, []).append(int(a))
     return [{"from": b * bucket, "to": (b + 1) * bucket, "steps": len(v), "accept_L": float(np.mean(v)),
              "tau": tau(v)} for b, v in sorted(groups.items())]
 

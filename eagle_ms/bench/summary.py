@@ -80,9 +80,10 @@ def _group(ok, max_depth: int) -> dict:
 def _accept_by_position(ok) -> dict:
     """Acceptance per bucket of committed context length ("context": prompt + answer so far) and of
     answer offset ("answer": generated tokens so far, i.e. the same with a zero-length prompt)."""
-    turns = [(h["prompt_tokens"], [s["accepted_len"] for s in st]) for h, st in ok]
+    turns = [(h["prompt_tokens"], [s["accepted_len"] for s in st], [s["tree_nodes"] > 0 for s in st])
+             for h, st in ok]
     return {"context": metrics.accept_by_position(turns, metrics.POSITION_BUCKET),
-            "answer": metrics.accept_by_position([(0, acc) for _, acc in turns], metrics.POSITION_BUCKET)}
+            "answer": metrics.accept_by_position([(0, acc, d) for _, acc, d in turns], metrics.POSITION_BUCKET)}
 
 
 def summarize(run_dir: str) -> dict:
@@ -113,6 +114,7 @@ def summarize(run_dir: str) -> dict:
                                                    if not os.path.exists(trace.rank_marker_path(run_dir, r))]},
         **{k: overall[k] for k in ("table1", "speedup_of_means", "tau", "verify_steps")},
         "teacher_only_steps": sum(s["tree_nodes"] == 0 for _, st in ok for s in st),
+        "tau_drafted": metrics.tau([s["accepted_len"] for _, st in ok for s in st if s["tree_nodes"] > 0]),
         "accept_pos": [{"depth": d + 1, "share": v} for d, v in enumerate(overall["accept_pos"])],
         "accept_by_position": _accept_by_position(ok),
         "exactness": {"share": overall["exactness"], "identical": overall["identical"], "turns": len(ok),
@@ -182,14 +184,16 @@ def render_markdown(s: dict) -> str:
     lines += ["", f"speedup_of_means (mean EA tok/s / mean baseline tok/s): {fmt(s['speedup_of_means'], 3, 'x')}",
               "", "## Acceptance", "", f"tau (tokens per verify step): {fmt(s['tau'], 3)} over "
               f"{s['verify_steps']} verify steps, {s['teacher_only_steps']} of them teacher-only (N = 1: "
-              f"low-acceptance fallback or near KV capacity; counted with accept_L 0)", ""]
+              f"low-acceptance fallback or near KV capacity; counted with accept_L 0); "
+              f"tau over the drafted steps only: {fmt(s['tau_drafted'], 3)}", ""]
     lines += md_table(["depth d"] + [str(a["depth"]) for a in s["accept_pos"]],
                     [["accept_pos[d]"] + [fmt(a["share"], 3) for a in s["accept_pos"]]])
     for kind, label in (("context", "committed context length (KV-cache tokens)"),
                         ("answer", "answer offset (tokens generated so far)")):
         rows = s["accept_by_position"][kind]
         if rows:
-            lines += ["", f"By {label} at the verify step, buckets of {metrics.POSITION_BUCKET}:", ""]
+            lines += ["", f"By {label} at the verify step, drafted steps, buckets of {metrics.POSITION_BUCKET}:",
+                      ""]
             lines += md_table([f"{kind} tokens", "steps", "accept_L", "tau"],
                               [[f"{b['from']}-{b['to'] - 1}", str(b["steps"]), fmt(b["accept_L"]),
                                 fmt(b["tau"])] for b in rows])
