@@ -1,8 +1,8 @@
 """Low-acceptance fallback: when drafting stops paying, take teacher-only steps for a while.
 
-A speculative step costs c teacher decode steps (draft + verify of N = M + 1 nodes + observe; c is about
-3 for the demo pair on this CPU at M = 32, nearer 1.2-1.5 on an accelerator) and yields A + 1 tokens, so
-it beats plain decoding only while A > c - 1. Where the draft is out of its depth (answers longer than it
+A speculative step costs c teacher decode steps (draft + verify of N = M + 1 nodes + observe; c ≈ 3.6
+for the demo pair on this CPU at M = 32, docs/results.md §1c) and yields A + 1 tokens, so it beats plain
+decoding only while A > c - 1. Where the draft is out of its depth (answers longer than it
 was trained on, a teacher past its training context) A can stay near 0 and every step loses. The gate
 keeps an exponential moving average of accept_L over speculative steps,
 

@@ -25,8 +25,11 @@ NEW_TOKENS = 40
 
 @pytest.fixture(scope="module")
 def session():
+    # every step drafts (fallback off): tau here measures the draft itself; the fallback's losslessness is
+    # tested in test_eagle3_lossless.py / test_cli.py and the shipped config runs in the demo test below
     cfg = load_config(DEMO_YAML, {"speculative.draft": "eagle3", "generation.max_new_tokens": NEW_TOKENS,
-                                  "runtime.seq_length": 1024, "runtime.attention_windows": None})
+                                  "runtime.seq_length": 1024, "runtime.attention_windows": None,
+                                  "speculative.fallback_accept": 0.0})
     s = Session(cfg)
     s.warm_up()
     return s
