@@ -16,13 +16,12 @@ Sections (top level of the YAML):
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping
+from typing import Any, Mapping, NoReturn
 
-from eagle_ms.drafting import check_min_path_prob
-from eagle_ms.fallback import check_fallback
+import numpy as np
+
 
 COMPUTE_DTYPES = ("float32", "float16", "bfloat16")
 DEVICES = ("CPU", "Ascend", "GPU")
@@ -31,36 +30,66 @@ DECODE_MODES = ("reference", "performance")
 DRAFTS = ("none", "test", "eagle3")
 
 
-def _fail(key: str, value: Any, why: str) -> None:
-    raise ValueError(f"config key '{key}' = {value!r}: {why}")
+def fail(key: str, value: Any, why: str, kind: str = "config key") -> NoReturn:
+    """The one validation error of eagle_ms: ``ValueError("<kind> '<key>' = <value>: <why>")``."""
+    raise ValueError(f"{kind} '{key}' = {value!r}: {why}")
 
 
-def _check_int(key: str, value: Any, minimum: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        _fail(key, value, "must be an integer")
+def check_int(key: str, value: Any, minimum: int | None = None) -> None:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        fail(key, value, "must be an integer")
     if minimum is not None and value < minimum:
-        _fail(key, value, f"must be >= {minimum}")
+        fail(key, value, f"must be >= {minimum}")
 
 
-def _check_choice(key: str, value: Any, choices: tuple) -> None:
+def check_choice(key: str, value: Any, choices: tuple) -> None:
     if value not in choices:
-        _fail(key, value, f"must be one of {list(choices)}")
+        fail(key, value, f"must be one of {list(choices)}")
 
 
-def _check_float(key: str, value: Any, positive: bool = True) -> None:
+def check_float(key: str, value: Any, positive: bool = True) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        _fail(key, value, "must be a number")
+        fail(key, value, "must be a number")
     if positive and not value > 0:
-        _fail(key, value, "must be > 0")
+        fail(key, value, "must be > 0")
 
 
-def _build(cls, data: Mapping[str, Any] | None, prefix: str):
+# The speculative.* rules that objects built outside a config (TreeParams, SpeculationGate,
+# Eagle3Drafter) apply too: each defined once, here.
+
+def check_tree_shape(budget: Any, max_depth: Any, top_k: Any) -> None:
+    """speculative.budget, max_depth, top_k: integers >= 1."""
+    check_int("speculative.budget", budget, 1)
+    check_int("speculative.max_depth", max_depth, 1)
+    check_int("speculative.top_k", top_k, 1)
+
+
+def check_min_path_prob(value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        fail("speculative.min_path_prob", value, "must be a number in [0, 1)")
+
+
+def check_fallback(min_accept: Any, fallback_steps: Any) -> None:
+    """speculative.fallback_accept (a number >= 0) and fallback_steps (an integer >= 1)."""
+    if isinstance(min_accept, bool) or not isinstance(min_accept, (int, float)) or not min_accept >= 0:
+        fail("speculative.fallback_accept", min_accept, "must be a number >= 0")
+    if isinstance(fallback_steps, bool) or not isinstance(fallback_steps, int) or fallback_steps < 1:
+        fail("speculative.fallback_steps", fallback_steps, "must be an integer >= 1")
+
+
+def check_draft_window(value: Any) -> None:
+    """speculative.draft_window: None (whole context) or an integer >= 1."""
+    if value is not None:
+        check_int("speculative.draft_window", value, 1)
+
+
+def build_section(cls, data: Mapping[str, Any] | None, prefix: str):
     """Build dataclass ``cls`` from ``data``; unknown keys raise naming ``prefix.key``."""
     data = dict(data or {})
     names = {f.name for f in fields(cls)}
     unknown = sorted(set(data) - names)
     if unknown:
-        _fail(f"{prefix}.{unknown[0]}", data[unknown[0]], f"unknown key (known: {sorted(names)})")
+        fail(f"{prefix}.{unknown[0]}", data[unknown[0]], f"unknown key (known: {sorted(names)})")
     try:
         return cls(**data)
     except TypeError as exc:  # a required field is missing
@@ -93,28 +122,28 @@ class ModelConfig:
         p = "model.model_config"
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                      "num_attention_heads", "num_key_value_heads", "max_position_embeddings"):
-            _check_int(f"{p}.{name}", getattr(self, name), 1)
+            check_int(f"{p}.{name}", getattr(self, name), 1)
         for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
-            _check_int(f"{p}.{name}", getattr(self, name), 0)
+            check_int(f"{p}.{name}", getattr(self, name), 0)
             if getattr(self, name) >= self.vocab_size:
-                _fail(f"{p}.{name}", getattr(self, name), f"must be < vocab_size {self.vocab_size}")
+                fail(f"{p}.{name}", getattr(self, name), f"must be < vocab_size {self.vocab_size}")
         if self.num_attention_heads % self.num_key_value_heads:
-            _fail(f"{p}.num_key_value_heads", self.num_key_value_heads,
+            fail(f"{p}.num_key_value_heads", self.num_key_value_heads,
                   f"must divide num_attention_heads {self.num_attention_heads}")
         if self.head_dim is None:
             if self.hidden_size % self.num_attention_heads:
-                _fail(f"{p}.hidden_size", self.hidden_size,
+                fail(f"{p}.hidden_size", self.hidden_size,
                       f"must be divisible by num_attention_heads {self.num_attention_heads}")
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
-        _check_int(f"{p}.head_dim", self.head_dim, 2)
+        check_int(f"{p}.head_dim", self.head_dim, 2)
         if self.head_dim % 2:
-            _fail(f"{p}.head_dim", self.head_dim, "must be even (rotary embedding)")
-        _check_float(f"{p}.rope_theta", self.rope_theta)
-        _check_float(f"{p}.rms_norm_eps", self.rms_norm_eps)
+            fail(f"{p}.head_dim", self.head_dim, "must be even (rotary embedding)")
+        check_float(f"{p}.rope_theta", self.rope_theta)
+        check_float(f"{p}.rms_norm_eps", self.rms_norm_eps)
         for name in ("bias", "tie_word_embeddings"):
             if not isinstance(getattr(self, name), bool):
-                _fail(f"{p}.{name}", getattr(self, name), "must be true or false")
-        _check_choice(f"{p}.compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
+                fail(f"{p}.{name}", getattr(self, name), "must be true or false")
+        check_choice(f"{p}.compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
         object.__setattr__(self, "aux_layer_ids", self._resolve_aux_layers())
 
     def _resolve_aux_layers(self) -> tuple[int, int, int]:
@@ -123,18 +152,18 @@ class ModelConfig:
         ids = self.aux_layer_ids
         if ids is None:
             if n < 3:
-                _fail("model.model_config.num_hidden_layers", n,
+                fail("model.model_config.num_hidden_layers", n,
                       "EAGLE-3 needs 3 distinct aux layers: use >= 3 layers or set aux_layer_ids")
             ids = (2, n // 2, n - 3)
             if not ids[0] < ids[1] < ids[2]:  # too few layers for the standard choice (n < 7)
                 ids = (0, n // 2, n - 1)
         if not isinstance(ids, (tuple, list)) or len(ids) != 3 or any(
                 isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n for i in ids):
-            _fail("model.model_config.aux_layer_ids", self.aux_layer_ids,
+            fail("model.model_config.aux_layer_ids", self.aux_layer_ids,
                   f"must be 3 layer indices in [0, {n})")
         ids = tuple(ids)
         if not ids[0] < ids[1] < ids[2]:
-            _fail("model.model_config.aux_layer_ids", ids, "must be strictly increasing (low, mid, high)")
+            fail("model.model_config.aux_layer_ids", ids, "must be strictly increasing (low, mid, high)")
         return ids
 
     @property
@@ -151,9 +180,9 @@ class TokenizerConfig:
 
     def __post_init__(self):
         if self.model_file is not None and not isinstance(self.model_file, str):
-            _fail("tokenizer.model_file", self.model_file, "must be a path string or null")
+            fail("tokenizer.model_file", self.model_file, "must be a path string or null")
         if not isinstance(self.chat_template, (str, dict)):
-            _fail("tokenizer.chat_template", self.chat_template, "must be a template name or a mapping")
+            fail("tokenizer.chat_template", self.chat_template, "must be a template name or a mapping")
 
 
 @dataclass(frozen=True)
@@ -169,19 +198,19 @@ class RuntimeConfig:
     attention_windows: tuple[int, ...] | None = None  # attend only to slots [0, W), W = smallest window >= L+N
 
     def __post_init__(self):
-        _check_choice("runtime.device_target", self.device_target, DEVICES)
-        _check_choice("runtime.exec_mode", self.exec_mode, EXEC_MODES)
-        _check_int("runtime.seq_length", self.seq_length, 2)
-        _check_int("runtime.batch_size", self.batch_size, 1)
-        _check_int("runtime.prefill_chunk", self.prefill_chunk, 1)
-        _check_int("runtime.seed", self.seed, 0)
+        check_choice("runtime.device_target", self.device_target, DEVICES)
+        check_choice("runtime.exec_mode", self.exec_mode, EXEC_MODES)
+        check_int("runtime.seq_length", self.seq_length, 2)
+        check_int("runtime.batch_size", self.batch_size, 1)
+        check_int("runtime.prefill_chunk", self.prefill_chunk, 1)
+        check_int("runtime.seed", self.seed, 0)
         if self.prefill_chunk > self.seq_length:
-            _fail("runtime.prefill_chunk", self.prefill_chunk, f"must be <= seq_length {self.seq_length}")
+            fail("runtime.prefill_chunk", self.prefill_chunk, f"must be <= seq_length {self.seq_length}")
         if self.attention_windows is not None:
             windows = self.attention_windows
             if not isinstance(windows, (list, tuple)) or any(
                     isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= self.seq_length for w in windows):
-                _fail("runtime.attention_windows", windows, f"must be a list of ints in [1, seq_length {self.seq_length}]")
+                fail("runtime.attention_windows", windows, f"must be a list of ints in [1, seq_length {self.seq_length}]")
             object.__setattr__(self, "attention_windows", tuple(sorted(set(windows))))
 
 
@@ -193,9 +222,9 @@ class GenerationConfig:
     stop_on_eos: bool = True
 
     def __post_init__(self):
-        _check_int("generation.max_new_tokens", self.max_new_tokens, 1)
+        check_int("generation.max_new_tokens", self.max_new_tokens, 1)
         if not isinstance(self.stop_on_eos, bool):
-            _fail("generation.stop_on_eos", self.stop_on_eos, "must be true or false")
+            fail("generation.stop_on_eos", self.stop_on_eos, "must be true or false")
 
 
 @dataclass(frozen=True)
@@ -216,20 +245,17 @@ class SpeculativeConfig:
     test_draft_branching: int = 2  # test drafter: max children per node
 
     def __post_init__(self):
-        _check_choice("speculative.draft", self.draft, DRAFTS)
-        _check_choice("speculative.mode", self.mode, DECODE_MODES)
-        _check_int("speculative.budget", self.budget, 1)
-        _check_int("speculative.max_depth", self.max_depth, 1)
-        _check_int("speculative.top_k", self.top_k, 1)
-        _check_int("speculative.test_draft_branching", self.test_draft_branching, 1)
-        if self.draft_window is not None:
-            _check_int("speculative.draft_window", self.draft_window, 1)
+        check_choice("speculative.draft", self.draft, DRAFTS)
+        check_choice("speculative.mode", self.mode, DECODE_MODES)
+        check_tree_shape(self.budget, self.max_depth, self.top_k)
+        check_int("speculative.test_draft_branching", self.test_draft_branching, 1)
+        check_draft_window(self.draft_window)
         check_min_path_prob(self.min_path_prob)
         check_fallback(self.fallback_accept, self.fallback_steps)
         if not isinstance(self.test_draft_error_rate, (int, float)) or not 0 <= self.test_draft_error_rate <= 1:
-            _fail("speculative.test_draft_error_rate", self.test_draft_error_rate, "must be in [0, 1]")
+            fail("speculative.test_draft_error_rate", self.test_draft_error_rate, "must be in [0, 1]")
         if self.draft == "eagle3" and not self.draft_path:
-            _fail("speculative.draft_path", self.draft_path, "is required when draft is eagle3")
+            fail("speculative.draft_path", self.draft_path, "is required when draft is eagle3")
 
 
 @dataclass(frozen=True)
@@ -247,9 +273,9 @@ class EagleMsConfig:
     def __post_init__(self):
         spec, rt = self.speculative, self.runtime
         if spec.draft != "none" and spec.budget + 1 > rt.seq_length:
-            _fail("speculative.budget", spec.budget, f"a tree of budget+1 nodes must fit runtime.seq_length {rt.seq_length}")
+            fail("speculative.budget", spec.budget, f"a tree of budget+1 nodes must fit runtime.seq_length {rt.seq_length}")
         if spec.max_depth + 1 > rt.seq_length:
-            _fail("speculative.max_depth", spec.max_depth, f"max_depth+1 must fit runtime.seq_length {rt.seq_length}")
+            fail("speculative.max_depth", spec.max_depth, f"max_depth+1 must fit runtime.seq_length {rt.seq_length}")
 
     def replace(self, section: str, **changes) -> "EagleMsConfig":
         """A copy with fields of one section changed (validated again)."""
@@ -268,7 +294,7 @@ def config_from_dict(data: Mapping[str, Any], source: str | None = None) -> Eagl
     """Validate a plain dict (the YAML layout above) into an ``EagleMsConfig``."""
     model_section = dict(data.get("model") or {})
     if "model_config" not in model_section:
-        _fail("model.model_config", None, "section is required")
+        fail("model.model_config", None, "section is required")
     mc = dict(model_section.pop("model_config") or {})
     mc.pop("type", None)  # MindFormers-style class tag, informational
     if isinstance(mc.get("aux_layer_ids"), list):
@@ -277,7 +303,7 @@ def config_from_dict(data: Mapping[str, Any], source: str | None = None) -> Eagl
     model_section.pop("arch", None)
     if model_section:
         key = sorted(model_section)[0]
-        _fail(f"model.{key}", model_section[key], "unknown key (known: model_config, checkpoint, arch)")
+        fail(f"model.{key}", model_section[key], "unknown key (known: model_config, checkpoint, arch)")
     if source and checkpoint and not os.path.isabs(checkpoint):
         checkpoint = _resolve_relative(checkpoint, source)
     tok = dict(data.get("tokenizer") or {})
@@ -287,12 +313,12 @@ def config_from_dict(data: Mapping[str, Any], source: str | None = None) -> Eagl
     if source and spec.get("draft_path") and not os.path.isabs(spec["draft_path"]):
         spec["draft_path"] = _resolve_relative(spec["draft_path"], source)
     return EagleMsConfig(
-        model=_build(ModelConfig, mc, "model.model_config"),
+        model=build_section(ModelConfig, mc, "model.model_config"),
         checkpoint=checkpoint,
-        tokenizer=_build(TokenizerConfig, tok, "tokenizer"),
-        runtime=_build(RuntimeConfig, data.get("runtime"), "runtime"),
-        generation=_build(GenerationConfig, data.get("generation"), "generation"),
-        speculative=_build(SpeculativeConfig, spec, "speculative"),
+        tokenizer=build_section(TokenizerConfig, tok, "tokenizer"),
+        runtime=build_section(RuntimeConfig, data.get("runtime"), "runtime"),
+        generation=build_section(GenerationConfig, data.get("generation"), "generation"),
+        speculative=build_section(SpeculativeConfig, spec, "speculative"),
         source=source,
     )
 
@@ -337,57 +363,3 @@ def load_config(path: str, overrides: Mapping[str, Any] | None = None) -> EagleM
     if overrides:
         cfg.merge_from_dict(dict(overrides))
     return config_from_dict(cfg.to_dict(), source=path)
-
-
-def model_config_from_hf(path: str, **extra) -> ModelConfig:
-    """Read an HF/openPangu ``config.json`` (a file or a directory holding one) into a ModelConfig.
-
-    Only architecture fields are taken; ``compute_dtype`` etc. come from ``extra``.
-    """
-    if os.path.isdir(path):
-        path = os.path.join(path, "config.json")
-    try:
-        with open(path, encoding="utf-8") as fh:
-            raw = json.load(fh)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"model config.json not found: {path}") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not valid JSON: {exc}") from None
-    known = {f.name for f in fields(ModelConfig)}
-    data = {k: v for k, v in raw.items() if k in known}
-    if "bias" not in raw and "attention_bias" in raw:  # Llama spelling
-        data["bias"] = bool(raw["attention_bias"])
-    eos = data.get("eos_token_id")
-    if isinstance(eos, list):
-        data["eos_token_id"] = eos[0]
-    ids = raw.get("eagle_aux_hidden_state_layer_ids")
-    if ids is not None:
-        data["aux_layer_ids"] = tuple(ids)
-    data.update(extra)
-    return _build(ModelConfig, data, f"{path}")
-
-
-def model_config_to_hf(cfg: ModelConfig) -> dict:
-    """The HF/openPangu ``config.json`` dict for this architecture."""
-    return {
-        "architectures": ["PanguEmbeddedForCausalLM"],
-        "model_type": "PanguEmbedded",
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_hidden_layers": cfg.num_hidden_layers,
-        "num_attention_heads": cfg.num_attention_heads,
-        "num_key_value_heads": cfg.num_key_value_heads,
-        "head_dim": cfg.head_dim,
-        "rope_theta": cfg.rope_theta,
-        "rms_norm_eps": cfg.rms_norm_eps,
-        "hidden_act": "silu",
-        "bias": cfg.bias,
-        "tie_word_embeddings": cfg.tie_word_embeddings,
-        "max_position_embeddings": cfg.max_position_embeddings,
-        "bos_token_id": cfg.bos_token_id,
-        "eos_token_id": cfg.eos_token_id,
-        "pad_token_id": cfg.pad_token_id,
-        "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
-        "torch_dtype": cfg.compute_dtype,
-    }

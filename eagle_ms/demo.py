@@ -16,7 +16,7 @@ import argparse
 import os
 import sys
 
-from eagle_ms.cli import DEFAULT_CONFIG
+from eagle_ms.cli_args import add_config_args, config_path
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_DATA = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data")
@@ -38,12 +38,11 @@ def pick_questions(data_dir: str, per_dataset: int):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m eagle_ms.demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default=DEFAULT_CONFIG, help="default: %(default)s")
+    add_config_args(parser)
     parser.add_argument("--data-dir", default=None, help=f"question files (default: {SHARED_DATA} if present, "
                         f"else {SAMPLE_DATA})")
     parser.add_argument("--per-dataset", type=int, default=2, help="questions from each of MT-Bench and HumanEval")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="default: generation.max_new_tokens")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     args = parser.parse_args(argv)
 
     from eagle_ms.bench.runner import build_prompt
@@ -54,9 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     overrides = {"speculative.draft": "eagle3", **parse_overrides(args.set)}
     if args.max_new_tokens is not None:
         overrides["generation.max_new_tokens"] = args.max_new_tokens
-    cfg = load_config(args.config, overrides)
+    cfg = load_config(config_path(args), overrides)
     if cfg.checkpoint is None:
-        raise SystemExit(f"{args.config}: model.checkpoint is null; the demo needs trained weights "
+        raise SystemExit(f"{config_path(args)}: model.checkpoint is null; the demo needs trained weights "
                          "(configs/demo.yaml ships them)")
     data_dir = args.data_dir or default_data_dir()
     questions = pick_questions(data_dir, args.per_dataset)
@@ -78,14 +77,15 @@ def main(argv: list[str] | None = None) -> int:
         all_same &= same
         speedup = ea.tokens_per_s / base.tokens_per_s
         speedups.append(speedup)
-        taus.append(ea.tau)
+        if ea.tau is not None:  # None: the answer ended before the first verify step
+            taus.append(ea.tau)
         print(f"\n### {q.dataset} {q.question_id} ({q.category}): {_shorten(q.turns[0])}")
         eos = cfg.model.eos_token_id
         print(session.tokenizer.decode(base.tokens[:-1] if base.tokens[-1:] == [eos] else base.tokens))
         print(f"--> {len(base.tokens)} tokens ({base.stop_reason}) | teacher-only {base.tokens_per_s:6.1f} tok/s | "
-              f"EAGLE-3 {ea.tokens_per_s:6.1f} tok/s, tau {ea.tau:.2f} | speedup {speedup:.2f}x | "
+              f"EAGLE-3 {ea.tokens_per_s:6.1f} tok/s, tau {'-' if ea.tau is None else f'{ea.tau:.2f}'} | speedup {speedup:.2f}x | "
               f"output {'identical' if same else 'DIFFERENT (bug: please report)'}", flush=True)
-    print(f"\nmean speedup {sum(speedups) / len(speedups):.2f}x, mean tau {sum(taus) / len(taus):.2f} over "
+    print(f"\nmean speedup {sum(speedups) / len(speedups):.2f}x, mean tau {sum(taus) / max(len(taus), 1):.2f} over "
           f"{len(questions)} prompts; outputs {'all identical' if all_same else 'NOT all identical'} to teacher-only")
     return 0 if all_same else 1
 

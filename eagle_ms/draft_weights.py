@@ -33,8 +33,11 @@ import mindspore as ms
 from mindspore import Tensor
 
 from eagle_ms.config import ModelConfig
+from eagle_ms.files import write_json_atomic
+from eagle_ms.hf_config import hf_bias
 from eagle_ms.models.eagle3 import Eagle3Config
-from eagle_ms.weights import SINGLE_FILE, CheckpointError, SafetensorsFile, write_safetensors
+from eagle_ms.safetensors_format import CheckpointError, SafetensorsFile, write_safetensors
+from eagle_ms.weights import SINGLE_FILE
 
 CONFIG_FILE = "config.json"
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -156,7 +159,7 @@ def draft_config_from_json(raw: dict, source: str, teacher: ModelConfig | None =
         if teacher is None:
             raise CheckpointError(f"{source}: config.json has no eagle_config.eagle_aux_hidden_state_layer_ids")
         ids = teacher.aux_layer_ids
-    if raw.get("bias") or raw.get("attention_bias"):
+    if hf_bias(raw):
         raise CheckpointError(f"{source}: drafts with projection biases are not supported (config 'bias')")
     try:
         return Eagle3Config(
@@ -272,11 +275,7 @@ def save_draft_checkpoint(state: dict, cfg: Eagle3Config, out_dir: str, dtype: s
     os.makedirs(out_dir, exist_ok=True)
     write_safetensors(os.path.join(out_dir, SINGLE_FILE), tensors, {"format": "pt"},
                       float_dtype=dtype)
-    raw = json.dumps(draft_config_to_json(cfg, dtype), indent=2).encode("utf-8")
-    tmp = os.path.join(out_dir, f"{CONFIG_FILE}.tmp{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        fh.write(raw)
-    os.replace(tmp, os.path.join(out_dir, CONFIG_FILE))
+    write_json_atomic(os.path.join(out_dir, CONFIG_FILE), draft_config_to_json(cfg, dtype), indent=2)
     return [SINGLE_FILE, CONFIG_FILE]
 
 

@@ -1,4 +1,4 @@
-"""EAGLE-2 dynamic draft tree under a node budget (host side, NumPy; paper-notes §11.2).
+"""EAGLE-2 dynamic draft tree under a node budget (host side, NumPy).
 
 Given the draft's top-k at the root pair, grow the tree depth by depth:
 
@@ -41,28 +41,13 @@ from typing import Callable
 
 import numpy as np
 
+from eagle_ms.config import check_min_path_prob, check_tree_shape, fail
 from eagle_ms.tree import DraftTree
 
 # expand(depth t, parent_rows [k] int, tokens [k] int) -> (logprob [k, K] float, target ids [k, K] int)
 # parent_rows[j]: the row of the previous call that the j-th new frontier node is a child of (all 0 at
 # depth 1: the root pair). tokens: the frontier nodes' (target) tokens, the draft input of this call.
 ExpandFn = Callable[[int, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
-
-
-def _fail(key: str, value, why: str) -> None:
-    raise ValueError(f"config key 'speculative.{key}' = {value!r}: {why}")
-
-
-def _check_int(key: str, value, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        _fail(key, value, "must be an integer")
-    if value < minimum:
-        _fail(key, value, f"must be >= {minimum}")
-
-
-def check_min_path_prob(value) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-        _fail("min_path_prob", value, "must be a number in [0, 1)")
 
 
 @dataclass(frozen=True)
@@ -75,9 +60,7 @@ class TreeParams:
     min_path_prob: float = 0.0
 
     def __post_init__(self):
-        _check_int("budget", self.budget, 1)
-        _check_int("max_depth", self.max_depth, 1)
-        _check_int("top_k", self.top_k, 1)
+        check_tree_shape(self.budget, self.max_depth, self.top_k)  # the speculative.* rules (config.py)
         check_min_path_prob(self.min_path_prob)
 
     @property
@@ -93,18 +76,18 @@ class TreeParams:
         """ValueError naming the key unless k <= draft vocabulary, a tree fits the teacher cache and the
         expansions fit the draft cache's scratch region (``draft_scratch`` slots)."""
         if self.top_k > draft_vocab_size:
-            _fail("top_k", self.top_k, f"must be <= the draft vocabulary size {draft_vocab_size}")
+            fail("speculative.top_k", self.top_k, f"must be <= the draft vocabulary size {draft_vocab_size}")
         if self.budget + 1 > teacher_capacity:
-            _fail("budget", self.budget, f"a tree of budget+1 nodes must fit the teacher cache ({teacher_capacity})")
+            fail("speculative.budget", self.budget, f"a tree of budget+1 nodes must fit the teacher cache ({teacher_capacity})")
         if self.max_depth + 1 > teacher_capacity:
-            _fail("max_depth", self.max_depth, f"max_depth+1 must fit the teacher cache ({teacher_capacity})")
+            fail("speculative.max_depth", self.max_depth, f"max_depth+1 must fit the teacher cache ({teacher_capacity})")
         if draft_scratch is not None and self.scratch_slots > draft_scratch:
-            _fail("max_depth", self.max_depth, f"(max_depth-1)*top_k = {self.scratch_slots} expansion slots "
-                                               f"exceed the draft cache scratch region ({draft_scratch})")
+            fail("speculative.max_depth", self.max_depth, f"(max_depth-1)*top_k = {self.scratch_slots} "
+                 f"expansion slots exceed the draft cache scratch region ({draft_scratch})")
 
 
 @dataclass(frozen=True)
-class TreeDraft:
+class TreeBuild:
     """The kept tree plus how it was made (for traces)."""
 
     tree: DraftTree
@@ -160,7 +143,7 @@ def select_tree(root_token: int, tokens: np.ndarray, parents: np.ndarray, scores
 
 
 def build_tree(root_token: int, root_logprob: np.ndarray, root_ids: np.ndarray, expand: ExpandFn,
-               params: TreeParams, early_stop: bool = True) -> TreeDraft:
+               params: TreeParams, early_stop: bool = True) -> TreeBuild:
     """The EAGLE-2 tree (module doc). root_logprob/root_ids [K >= k]: the root pair's top-K, descending."""
     k = params.top_k
     cands = _Candidates()
@@ -184,4 +167,4 @@ def build_tree(root_token: int, root_logprob: np.ndarray, root_ids: np.ndarray, 
         top = rank_order(child_scores.reshape(-1))[:k]  # ties -> lower creation index (row-major)
         frontier, frontier_scores, parent_rows = new[top], child_scores.reshape(-1)[top], top // k
     tokens, parents, scores = cands.arrays()
-    return TreeDraft(select_tree(root_token, tokens, parents, scores, params.budget), calls, cands.size)
+    return TreeBuild(select_tree(root_token, tokens, parents, scores, params.budget), calls, cands.size)

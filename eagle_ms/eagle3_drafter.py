@@ -27,21 +27,43 @@ Calls:
     at depth t: token = its own, feature = its parent's output hidden, position L-1+t, slot in scratch;
     it sees the committed pairs, its ancestors' scratch slots and itself.
 
-``window`` W (``speculative.draft_window``): every row sees only the last W committed pairs (up to
-and including itself for extend rows; pairs [L-W, L) for expansion rows); positions are unchanged.
+``context_window`` W (``speculative.draft_window``): every row sees only the last W committed pairs (up
+to and including itself for extend rows; pairs [L-W, L) for expansion rows); positions are unchanged.
 Worked example: L = 5, W = 2 -> an expansion row sees pairs 3, 4 (slots X+3, X+4) + its ancestors + itself.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
 from mindspore import Tensor
 
-from eagle_ms.drafting import TreeDraft, TreeParams, build_tree
+from eagle_ms.drafting import TreeBuild, TreeParams, build_tree
 from eagle_ms.models.eagle3 import Eagle3Draft, Eagle3Expand
 from eagle_ms.tree import DraftTree, chain_first
+from eagle_ms.config import check_draft_window
 
-__all__ = ["Eagle3Drafter", "build_eagle3_drafter", "make_drafter", "scratch_size"]
+__all__ = ["Eagle3Drafter", "scratch_size"]
+
+
+@dataclass(frozen=True)
+class RootPair:
+    """The draft's output at its last committed pair: the tree's depth-1 distribution and feature."""
+
+    token: int             # the pair's token: the next tree's root
+    logprob: np.ndarray    # [K] top-K draft log-probabilities, descending
+    target_ids: np.ndarray  # [K] their target-vocabulary ids
+    hidden: np.ndarray     # [H] output hidden state (the depth-1 nodes' input feature)
+
+
+@dataclass(frozen=True)
+class Expansion:
+    """The last expand call of the current tree, read by the next depth's call."""
+
+    hidden: np.ndarray          # [k, H] output hidden state per frontier row
+    slots: np.ndarray           # [k] scratch slots the rows wrote
+    scratch_visible: np.ndarray  # [k, X] bool: the scratch slots each row saw (its ancestors and itself)
 
 
 def scratch_size(params: TreeParams, prefill_chunk: int) -> int:
@@ -52,18 +74,18 @@ def scratch_size(params: TreeParams, prefill_chunk: int) -> int:
 class Eagle3Drafter:
     """Drafter protocol of ``eagle_ms.generate`` over an ``Eagle3Draft`` (batch 1).
 
-    ``committed_capacity`` C: the teacher's capacity. ``windows``: the teacher runner's attention windows
-    (ascending, ending with C); None = always the whole cache. The draft's in-graph top-K may exceed
+    ``committed_capacity`` C: the teacher's capacity. ``attention_windows``: the teacher runner's attention
+    windows (ascending, ending with C); None = always the whole cache. Built from a config by
+    eagle_ms/runtime.py (``build_eagle3_drafter``). The draft's in-graph top-K may exceed
     ``params.top_k`` (the first k of the sorted top-K are used), so one compiled draft serves several k.
     """
 
     def __init__(self, draft: Eagle3Draft, params: TreeParams, committed_capacity: int, prefill_chunk: int,
-                 window: int | None = None, early_stop: bool = True, expand_cell: Eagle3Expand | None = None,
-                 windows=None):
+                 context_window: int | None = None, early_stop: bool = True,
+                 expand_cell: Eagle3Expand | None = None, attention_windows=None):
         if draft.batch != 1:
             raise ValueError(f"Eagle3Drafter drives batch 1; the draft was built for batch {draft.batch}")
-        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-            raise ValueError(f"config key 'speculative.draft_window' = {window!r}: must be an integer >= 1")
+        check_draft_window(context_window)
         if draft.top_k < params.top_k:
             raise ValueError(f"config key 'speculative.top_k' = {params.top_k}: the draft graph was built "
                              f"with top_k {draft.top_k} (its in-graph top-K must be >= k)")
@@ -77,13 +99,14 @@ class Eagle3Drafter:
             raise ValueError("expand_cell wraps another draft")
         # one Eagle3Expand per draft keeps its compiled graph: pass it when making several drafters
         self.draft, self.expand_cell = draft, expand_cell or Eagle3Expand(draft)
-        self.params, self.window, self.early_stop = params, window, early_stop
+        self.params, self.context_window, self.early_stop = params, context_window, early_stop
         self.capacity, self.committed_capacity, self.prefill_chunk = draft.capacity, committed_capacity, prefill_chunk
-        self.windows = tuple(w for w in sorted(set(windows or ())) if w < committed_capacity) + (committed_capacity,)
+        self.attention_windows = tuple(w for w in sorted(set(attention_windows or ())) if w < committed_capacity) \
+            + (committed_capacity,)
         self.length = 0  # committed pairs (== the teacher's committed length)
-        self.last: TreeDraft | None = None
-        self._root = None  # (token, top-k logprob [K], top-k target ids [K], hidden [H]) of the last pair
-        self._prev = None  # last expand call: (hidden [k, H], slots [k], scratch visibility [k, X])
+        self.last: TreeBuild | None = None
+        self._root: RootPair | None = None
+        self._prev: Expansion | None = None
 
     # ------------------------------------------------------------------ protocol
 
@@ -109,18 +132,18 @@ class Eagle3Drafter:
             self._extend(tokens[start:start + width], np.asarray(aux)[start:start + width], width)
 
     def propose(self, root: int) -> DraftTree:
-        if self._root is None or int(root) != self._root[0]:
+        if self._root is None or int(root) != self._root.token:
             raise RuntimeError(f"propose(root={root}) but the draft's last committed pair holds token "
-                               f"{None if self._root is None else self._root[0]} (begin/observe missing?)")
-        _, logprob, ids, _ = self._root
-        self.last = build_tree(int(root), logprob, ids, self._expand, self.params, self.early_stop)
+                               f"{None if self._root is None else self._root.token} (begin/observe missing?)")
+        self.last = build_tree(int(root), self._root.logprob, self._root.target_ids, self._expand, self.params,
+                               self.early_stop)
         return chain_first(self.last.tree)  # the likeliest chain in slot order: its commit needs no copy
 
     # ------------------------------------------------------------------ calls
 
-    def _width(self, end: int) -> int:
+    def _mask_width(self, end: int) -> int:
         """Mask width (slots read) for a call touching committed pairs [0, end): X + the smallest window >= end."""
-        for w in self.windows:
+        for w in self.attention_windows:
             if w >= end:
                 return self.scratch + w
         raise ValueError(f"draft cache full: {end} pairs needed, capacity {self.committed_capacity}")
@@ -129,7 +152,7 @@ class Eagle3Drafter:
         """[n, width] bool: row i sees committed pairs [lo_i, upto_i) (lo by ``draft_window``)."""
         pair = np.arange(width)[None, :] - self.scratch  # column -> pair index (negative: scratch)
         upto = np.asarray(upto)[:, None]
-        lo = 0 if self.window is None else np.maximum(upto - self.window, 0)
+        lo = 0 if self.context_window is None else np.maximum(upto - self.context_window, 0)
         return (pair >= lo) & (pair < upto)
 
     def _extend(self, tokens: np.ndarray, features: np.ndarray, rows: int, end: int | None = None) -> None:
@@ -140,7 +163,7 @@ class Eagle3Drafter:
         n, L = tokens.size, self.length
         if L + n > self.committed_capacity:
             raise ValueError(f"draft cache full: committed {L} + {n} pairs > capacity {self.committed_capacity}")
-        width = self._width(L + n if end is None else end)
+        width = self._mask_width(L + n if end is None else end)
         i = np.arange(rows)
         real = i < n
         ids = np.zeros(rows, np.int32)
@@ -153,28 +176,28 @@ class Eagle3Drafter:
         allowed[i, slots] = True  # padding rows: only themselves
         logprob, top_ids, hidden = self.draft(*self._tensors(ids, feats, positions, slots, allowed))
         self.length = L + n
-        self._root = (int(tokens[-1]), logprob.asnumpy()[0, n - 1], top_ids.asnumpy()[0, n - 1],
-                      hidden.asnumpy()[0, n - 1])
+        self._root = RootPair(int(tokens[-1]), logprob.asnumpy()[0, n - 1], top_ids.asnumpy()[0, n - 1],
+                              hidden.asnumpy()[0, n - 1])
 
     def _expand(self, depth: int, parent_rows: np.ndarray, tokens: np.ndarray, end: int | None = None):
         """One expand call for the k frontier nodes of ``depth`` (see drafting.ExpandFn)."""
         k, L, x = self.params.top_k, self.length, self.scratch
         slots = ((depth - 1) * k + np.arange(k)).astype(np.int32)
         if depth == 1:
-            feats = np.repeat(self._root[3][None], k, axis=0)
+            feats = np.repeat(self._root.hidden[None], k, axis=0)
             scratch = np.zeros((k, x), bool)
         else:
-            hidden, prev_slots, prev_scratch = self._prev
-            feats = hidden[parent_rows]
-            scratch = prev_scratch[parent_rows]
-            scratch[np.arange(k), prev_slots[parent_rows]] = True  # the parent itself
+            prev = self._prev
+            feats = prev.hidden[parent_rows]
+            scratch = prev.scratch_visible[parent_rows]
+            scratch[np.arange(k), prev.slots[parent_rows]] = True  # the parent itself
         mine = scratch.copy()
         mine[np.arange(k), slots] = True
-        allowed = self._visible(np.full(k, L), self._width(max(L, 1) if end is None else end))
+        allowed = self._visible(np.full(k, L), self._mask_width(max(L, 1) if end is None else end))
         allowed[:, :x] = mine
         positions = np.full(k, L - 1 + depth, np.int32)
         logprob, ids, hidden = self.expand_cell(*self._tensors(tokens, feats, positions, slots, allowed))
-        self._prev = (hidden.asnumpy()[0], slots, mine)
+        self._prev = Expansion(hidden.asnumpy()[0], slots, mine)
         return logprob.asnumpy()[0], ids.asnumpy()[0]
 
     @staticmethod
@@ -189,46 +212,10 @@ class Eagle3Drafter:
         drafter empty."""
         aux_width = 3 * self.draft.config.target_hidden_size
         one = (np.zeros(1, np.int64), np.zeros((1, aux_width), np.float32))
-        for w in self.windows:
+        for w in self.attention_windows:
             self.length = 0
             self._extend(*one, self.prefill_chunk, end=w)
             self._extend(*one, self.params.max_depth + 1, end=w)
             if self.params.max_depth > 1:
                 self._expand(1, np.zeros(self.params.top_k, np.int64), np.zeros(self.params.top_k, np.int64), end=w)
         self.length, self._root, self._prev, self.last = 0, None, None, None
-
-
-def make_drafter(runner, draft_cfg, state: dict, budget: int, max_depth: int, top_k: int,
-                 window: int | None = None, backend: str = "eager", min_path_prob: float = 0.0) -> Eagle3Drafter:
-    """An Eagle3Drafter for a TeacherRunner from a draft config + state (e.g. ``load_draft_checkpoint``).
-
-    Shares the teacher's embedding Parameter (the draft's hidden size must equal the teacher's), sizes
-    the draft cache as scratch + teacher capacity and uses the runner's attention windows.
-    """
-    from eagle_ms.draft_weights import check_draft_matches_teacher, load_draft_state
-
-    teacher = runner.model.config
-    check_draft_matches_teacher(draft_cfg, teacher)
-    params = TreeParams(budget, max_depth, top_k, min_path_prob)
-    params.check_fits(draft_cfg.draft_vocab_size, runner.capacity)
-    capacity = runner.capacity + scratch_size(params, runner.prefill_chunk)
-    draft = Eagle3Draft(draft_cfg, 1, capacity, top_k, backend, teacher.compute_dtype,
-                        embed=runner.model.model.embed_tokens.weight)
-    draft.set_train(False)
-    load_draft_state(draft, state)
-    return Eagle3Drafter(draft, params, runner.capacity, runner.prefill_chunk, window,
-                         windows=getattr(runner, "windows", None))
-
-
-def build_eagle3_drafter(cfg, runner) -> Eagle3Drafter:
-    """The configured EAGLE-3 drafter (``speculative.draft: eagle3``): loads ``speculative.draft_path``
-    (checked against the teacher) and applies budget / max_depth / top_k / draft_window / min_path_prob."""
-    from eagle_ms.attention import choose_backend
-    from eagle_ms.draft_weights import load_draft_checkpoint
-    from eagle_ms.runtime import decode_mode
-
-    spec = cfg.speculative
-    draft_cfg, state = load_draft_checkpoint(spec.draft_path, cfg.model)
-    backend = choose_backend(decode_mode(cfg), cfg.runtime.device_target, tree=True)
-    return make_drafter(runner, draft_cfg, state, spec.budget, spec.max_depth, spec.top_k, spec.draft_window,
-                        backend, spec.min_path_prob)

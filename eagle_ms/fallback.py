@@ -22,15 +22,9 @@ ms per token); min_accept = c - 1.
 """
 from __future__ import annotations
 
+from eagle_ms.config import check_fallback
+
 ALPHA = 0.5  # weight of the newest accept_L in the moving average
-
-
-def check_fallback(min_accept, fallback_steps) -> None:
-    """Raise ValueError naming the config key when a fallback setting is out of range."""
-    if isinstance(min_accept, bool) or not isinstance(min_accept, (int, float)) or not min_accept >= 0:
-        raise ValueError(f"config key 'speculative.fallback_accept' = {min_accept!r}: must be a number >= 0")
-    if isinstance(fallback_steps, bool) or not isinstance(fallback_steps, int) or fallback_steps < 1:
-        raise ValueError(f"config key 'speculative.fallback_steps' = {fallback_steps!r}: must be an integer >= 1")
 
 
 class SpeculationGate:

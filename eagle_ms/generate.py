@@ -27,9 +27,11 @@ from typing import Callable, Protocol
 import numpy as np
 
 from eagle_ms.fallback import SpeculationGate
+from eagle_ms.metrics import tau
 from eagle_ms.teacher import TeacherOutput, TeacherRunner
-from eagle_ms.tree import (DraftTree, TreeInvariantError, TreeTensors, check_invariants, tensorize,
-                           verify_attention_mask, write_failure_dump)
+from eagle_ms.trace import write_failure_dump
+from eagle_ms.tree import DraftTree, TreeInvariantError, TreeTensors, tensorize, verify_attention_mask
+from eagle_ms.tree_checks import check_invariants
 from eagle_ms.verify import AcceptResult, greedy_accept
 
 STAGES = ("prefill", "draft_prefill", "draft", "tensorize", "mask", "verify", "accept", "commit", "observe")
@@ -95,9 +97,9 @@ class GenerationResult:
         return [s.accepted_len for s in self.steps]
 
     @property
-    def tau(self) -> float:
-        """Mean tokens per verify step (accepted drafts + 1 bonus)."""
-        return float(np.mean(self.accepted_lengths) + 1.0) if self.steps else 0.0
+    def tau(self) -> float | None:
+        """Mean tokens per verify step (accepted drafts + 1 bonus); None without steps (eagle_ms/metrics.py)."""
+        return tau(self.accepted_lengths)
 
     @property
     def tokens_per_s(self) -> float:
@@ -123,7 +125,7 @@ def _check_commit(runner: TeacherRunner, start: int, tokens: np.ndarray, run_dir
     """Committed K/V for slots [start, start+len) must equal a sequential re-decode of ``tokens``."""
     committed = runner.cache_rows(start, start + tokens.size)
     snapshot, length = runner.snapshot(), runner.length
-    runner.cache.length = start
+    runner.rewind(start)
     runner.decode_chain(tokens)
     redone = runner.cache_rows(start, start + tokens.size)
     runner.restore(snapshot, length)
@@ -159,13 +161,13 @@ def _speculative_step(runner: TeacherRunner, drafter: Drafter | None, root: int,
         tensors = tensorize(tree, runner.length, budget, settings.max_depth)
     except TreeInvariantError as exc:  # a malformed DraftTree: dump it too, not only tensor-level failures
         if settings.run_dir and exc.dump_path is None:
-            exc.dump_path = write_failure_dump(exc.dump, settings.run_dir)
+            exc.dump_path = write_failure_dump(settings.run_dir, exc.dump)
             exc.args = (f"{exc.args[0]} (failure dump: {exc.dump_path})",)
         raise
     if settings.reference_checks:
         check_invariants(tensors, settings.run_dir)
     clock.lap("tensorize")
-    allowed = verify_attention_mask(tensors, runner.window(runner.length + tensors.num_nodes))
+    allowed = verify_attention_mask(tensors, runner.attention_width(runner.length + tensors.num_nodes))
     clock.lap("mask")
     out = runner.verify(tensors, allowed)
     clock.lap("verify")

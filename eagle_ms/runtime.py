@@ -1,16 +1,21 @@
-"""From a validated config to ready objects: MindSpore context, teacher runner, tokenizer, drafter.
+"""Every factory from a validated config to ready objects: MindSpore context, teacher Cell and runner,
+decode settings, tokenizer, and drafters (EAGLE-3 and the test drafter).
 
-The library never reads ``sys.argv``; the CLI and scripts call these functions.
+The library never reads ``sys.argv``; the CLI and scripts call these functions. Shipped assets named by
+the config (teacher checkpoint, tokenizer, draft) are checked against their manifest here, where they are
+loaded (eagle_ms/assets.py).
 """
 from __future__ import annotations
 
 import os
+import zlib
 
 import numpy as np
 
-from eagle_ms.attention import choose_backend
-from eagle_ms.config import EagleMsConfig
+from eagle_ms.assets import check_shipped
+from eagle_ms.config import EagleMsConfig, ModelConfig
 from eagle_ms.generate import DecodeSettings
+from eagle_ms.models.attention import choose_backend
 
 ENV_MODE = "EAGLE_MS_MODE"  # reference | performance: overrides speculative.mode
 
@@ -33,10 +38,27 @@ def decode_mode(cfg: EagleMsConfig) -> str:
     return mode
 
 
+def build_teacher(cfg: ModelConfig, checkpoint: str | None, batch: int, capacity: int, backend: str,
+                  seed: int = 0):
+    """The Pangu teacher Cell with weights: from ``checkpoint`` (its config.json must agree with ``cfg``),
+    else ``weights.random_teacher_state(cfg, seed)``."""
+    from eagle_ms.models.pangu import PanguForCausalLM
+    from eagle_ms.weights import check_checkpoint_config, load_state, load_teacher_checkpoint, random_teacher_state
+
+    if checkpoint is not None:
+        check_shipped(checkpoint)
+        check_checkpoint_config(cfg, checkpoint)
+    model = PanguForCausalLM(cfg, batch, capacity, backend)
+    if checkpoint is not None:
+        load_teacher_checkpoint(model, checkpoint)
+    else:
+        load_state(model, random_teacher_state(cfg, seed), source=f"<random seed={seed}>")
+    return model
+
+
 def build_runner(cfg: EagleMsConfig):
     """The teacher Cell (checkpoint or seeded random weights) wrapped in a TeacherRunner."""
     from eagle_ms.teacher import TeacherRunner
-    from eagle_ms.weights import build_teacher
 
     backend = choose_backend(decode_mode(cfg), cfg.runtime.device_target, tree=cfg.speculative.draft != "none")
     model = build_teacher(cfg.model, cfg.checkpoint, cfg.runtime.batch_size, cfg.runtime.seq_length,
@@ -45,10 +67,12 @@ def build_runner(cfg: EagleMsConfig):
                          cfg.runtime.attention_windows)
 
 
-def decode_settings(cfg: EagleMsConfig, speculative: bool, run_dir: str | None = None) -> DecodeSettings:
+def decode_settings(cfg: EagleMsConfig, run_dir: str | None = None) -> DecodeSettings:
+    """The settings of one generation. ``budget`` matters only when a drafter is given to ``generate``
+    (without one the tree is the root alone), so teacher-only and speculative runs share them."""
     spec = cfg.speculative
     return DecodeSettings(
-        budget=spec.budget if speculative else 0,
+        budget=spec.budget,
         max_depth=spec.max_depth,
         max_new_tokens=cfg.generation.max_new_tokens,
         eos_token_id=cfg.model.eos_token_id if cfg.generation.stop_on_eos else None,
@@ -65,7 +89,61 @@ def load_tokenizer(cfg: EagleMsConfig):
         return None, None
     from eagle_ms.tokenizer import ChatTemplate, Tokenizer, get_template
 
+    check_shipped(cfg.tokenizer.model_file)
     tok = Tokenizer(cfg.tokenizer.model_file)
     tmpl = cfg.tokenizer.chat_template
     template = get_template(tmpl) if isinstance(tmpl, str) else ChatTemplate.from_dict(tmpl)
     return tok, template
+
+
+def eagle3_drafter_from_state(runner, draft_cfg, state: dict, budget: int, max_depth: int, top_k: int,
+                              context_window: int | None = None, backend: str = "eager",
+                              min_path_prob: float = 0.0):
+    """An Eagle3Drafter for a TeacherRunner from a draft config + state (e.g. ``load_draft_checkpoint``).
+
+    Shares the teacher's embedding Parameter (the draft's hidden size must equal the teacher's), sizes
+    the draft cache as scratch + teacher capacity and uses the runner's attention windows.
+    """
+    from eagle_ms.draft_weights import check_draft_matches_teacher, load_draft_state
+    from eagle_ms.drafting import TreeParams
+    from eagle_ms.eagle3_drafter import Eagle3Drafter, scratch_size
+    from eagle_ms.models.eagle3 import Eagle3Draft
+
+    teacher = runner.model.config
+    check_draft_matches_teacher(draft_cfg, teacher)
+    params = TreeParams(budget, max_depth, top_k, min_path_prob)
+    params.check_fits(draft_cfg.draft_vocab_size, runner.capacity)
+    capacity = runner.capacity + scratch_size(params, runner.prefill_chunk)
+    draft = Eagle3Draft(draft_cfg, 1, capacity, top_k, backend, teacher.compute_dtype,
+                        embed=runner.model.model.embed_tokens.weight)
+    draft.set_train(False)
+    load_draft_state(draft, state)
+    return Eagle3Drafter(draft, params, runner.capacity, runner.prefill_chunk, context_window,
+                         attention_windows=runner.attention_windows)
+
+
+def build_eagle3_drafter(cfg: EagleMsConfig, runner):
+    """The configured EAGLE-3 drafter (``speculative.draft: eagle3``): loads ``speculative.draft_path``
+    (checked against the teacher) and applies budget / max_depth / top_k / draft_window / min_path_prob."""
+    from eagle_ms.draft_weights import load_draft_checkpoint
+
+    spec = cfg.speculative
+    check_shipped(spec.draft_path)
+    draft_cfg, state = load_draft_checkpoint(spec.draft_path, cfg.model)
+    backend = choose_backend(decode_mode(cfg), cfg.runtime.device_target, tree=True)
+    return eagle3_drafter_from_state(runner, draft_cfg, state, spec.budget, spec.max_depth, spec.top_k,
+                                     spec.draft_window, backend, spec.min_path_prob)
+
+
+def build_test_drafter(cfg: EagleMsConfig, prompt_ids: np.ndarray, baseline_tokens):
+    """The test drafter (``speculative.draft: test``) around the teacher-only answer ``baseline_tokens``.
+
+    Its seed mixes ``runtime.seed`` with the prompt, so acceptance patterns differ between prompts.
+    """
+    from eagle_ms.oracle_drafter import OracleDrafter
+
+    spec = cfg.speculative
+    prompt_ids = np.asarray(prompt_ids, dtype=np.int32)
+    seed = (cfg.runtime.seed * 1_000_003 + zlib.crc32(prompt_ids.tobytes())) % (2 ** 32)
+    return OracleDrafter(baseline_tokens, cfg.model.vocab_size, spec.budget, spec.max_depth,
+                         spec.test_draft_error_rate, spec.test_draft_branching, seed)

@@ -1,19 +1,21 @@
 """A ready-to-use decoding session built from one config: teacher, tokenizer, drafter, settings.
 
-``Session.generate`` is what the CLI and the benchmark call; it returns a plain dict (JSON-ready) so
-every front end reports the same fields, with metrics as defined in ``eagle_ms.generate``:
-``tau`` = mean tokens per verify step (accepted drafts + 1 bonus).
+``Session.generate`` is what the CLI calls; it returns a plain dict (JSON-ready) so every front end
+reports the same fields, with metrics as defined in eagle_ms/metrics.py: ``tau`` = mean tokens per verify
+step (accepted drafts + 1 bonus). ``Session.run`` is what the benchmark calls; per-call changes to the
+decode settings are keyword overrides (``max_new_tokens=8``, ``run_dir=...``), never a swap of shared
+state.
 """
 from __future__ import annotations
 
 import dataclasses
-import zlib
 
 import numpy as np
 
 from eagle_ms.config import EagleMsConfig
 from eagle_ms.generate import GenerationResult, generate
-from eagle_ms.runtime import build_runner, decode_mode, decode_settings, load_tokenizer
+from eagle_ms.runtime import (build_eagle3_drafter, build_runner, build_test_drafter, decode_mode, decode_settings,
+                              load_tokenizer)
 
 
 class Session:
@@ -28,13 +30,8 @@ class Session:
                              f"model.model_config.vocab_size is {cfg.model.vocab_size}")
         self.runner = build_runner(cfg)
         self.speculative = cfg.speculative.draft != "none"
-        self.settings = decode_settings(cfg, self.speculative, run_dir)
-        self.baseline_settings = decode_settings(cfg, False, run_dir)
-        self.eagle3 = None
-        if cfg.speculative.draft == "eagle3":
-            from eagle_ms.eagle3_drafter import build_eagle3_drafter
-
-            self.eagle3 = build_eagle3_drafter(cfg, self.runner)
+        self.settings = decode_settings(cfg, run_dir)
+        self.eagle3 = build_eagle3_drafter(cfg, self.runner) if cfg.speculative.draft == "eagle3" else None
 
     def warm_up(self) -> None:
         """Compile every graph a generation will use (prefill chunk, N=1, N=budget+1, cache mover)."""
@@ -44,43 +41,29 @@ class Session:
             self.eagle3.warm_up()
 
     def make_drafter(self, prompt_ids, baseline_tokens=None) -> object | None:
-        """The configured drafter for one prompt.
+        """The configured drafter for one prompt (None for ``draft: none``).
 
         The test drafter needs the teacher-only answer: pass ``baseline_tokens`` when already known, else
-        it is generated here (untimed). Its seed mixes ``runtime.seed`` with the prompt, so acceptance
-        patterns differ between prompts.
+        it is generated here (untimed).
         """
-        spec = self.cfg.speculative
-        if spec.draft == "none":
+        draft = self.cfg.speculative.draft
+        if draft == "none":
             return None
-        if spec.draft == "test":
-            from eagle_ms.oracle_drafter import OracleDrafter
-
-            prompt_ids = np.asarray(prompt_ids, dtype=np.int32)
+        if draft == "test":
             if baseline_tokens is None:
-                baseline_tokens = generate(self.runner, prompt_ids, self.baseline_settings).tokens
-            seed = (self.cfg.runtime.seed * 1_000_003 + zlib.crc32(prompt_ids.tobytes())) % (2 ** 32)
-            return OracleDrafter(baseline_tokens, self.cfg.model.vocab_size, spec.budget, spec.max_depth,
-                                 spec.test_draft_error_rate, spec.test_draft_branching, seed)
-        if spec.draft == "eagle3":
-            return self.eagle3  # one compiled draft per session; begin() resets it per prompt
-        raise ValueError(f"speculative.draft {spec.draft!r} is not available in this build "
-                         "(available: none, test, eagle3)")
+                baseline_tokens = self.run(prompt_ids).tokens
+            return build_test_drafter(self.cfg, prompt_ids, baseline_tokens)
+        return self.eagle3  # one compiled draft per session; begin() resets it per prompt
 
     def untimed_pair(self, prompt_ids, drafter, tokens: int) -> None:
         """One teacher-only and one speculative run of ``tokens`` new tokens (first-call allocations and
         any lazily built graph happen here, not in a timed run); results are discarded."""
-        full, base = self.settings, self.baseline_settings
-        self.settings = dataclasses.replace(full, max_new_tokens=tokens)
-        self.baseline_settings = dataclasses.replace(base, max_new_tokens=tokens)
-        try:
-            self.run(prompt_ids)
-            self.run(prompt_ids, drafter)
-        finally:
-            self.settings, self.baseline_settings = full, base
+        self.run(prompt_ids, max_new_tokens=tokens)
+        self.run(prompt_ids, drafter, max_new_tokens=tokens)
 
-    def run(self, prompt_ids, drafter=None) -> GenerationResult:
-        settings = self.settings if drafter is not None else self.baseline_settings
+    def run(self, prompt_ids, drafter=None, **overrides) -> GenerationResult:
+        """One generation; ``overrides`` replace fields of ``self.settings`` for this call only."""
+        settings = dataclasses.replace(self.settings, **overrides) if overrides else self.settings
         return generate(self.runner, np.asarray(prompt_ids, dtype=np.int32), settings, drafter)
 
     def generate(self, prompt_ids, warm_up: bool = True) -> dict:

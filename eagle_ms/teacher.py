@@ -46,15 +46,15 @@ class TeacherRunner:
         self.prefill_chunk = prefill_chunk
         self.cache = BranchCache(self.capacity, model.make_mover(), commit_width)
         windows = sorted(set(attention_windows or ())) + [self.capacity]
-        self.windows = tuple(w for w in windows if w <= self.capacity)
+        self.attention_windows = tuple(w for w in windows if w <= self.capacity)  # ascending, ends at capacity
 
-    def window(self, end: int) -> int:
-        """Attention window for a call whose last written slot is ``end - 1``: the smallest configured
-        window >= end. Attention reads only cache slots [0, window); each window is one more graph per N.
+    def attention_width(self, end: int) -> int:
+        """Mask width of a call whose last written slot is ``end - 1``: the smallest attention window
+        >= end. Attention reads only cache slots [0, width); each window is one more graph per N.
 
-        Example: windows (256, 512, 2048), L=300, N=17 -> end 317 -> window 512.
+        Example: windows (256, 512, 2048), L=300, N=17 -> end 317 -> width 512.
         """
-        for w in self.windows:
+        for w in self.attention_windows:
             if w >= end:
                 return w
         raise ValueError(f"KV cache full: {end} slots needed, capacity {self.capacity}")
@@ -65,6 +65,13 @@ class TeacherRunner:
 
     def reset(self) -> None:
         self.cache.reset()
+
+    def rewind(self, length: int) -> None:
+        """Treat only slots [0, length) as committed (length <= the committed length). The K/V beyond
+        stay in the cache and are overwritten by the next call (reference re-decodes, restores)."""
+        if not 0 <= length <= self.capacity:
+            raise ValueError(f"rewind to {length}: must be in [0, capacity {self.capacity}]")
+        self.cache.length = length
 
     def _call(self, ids: np.ndarray, positions: np.ndarray, slots: np.ndarray, allowed: np.ndarray):
         logits, aux = self.model(Tensor(ids[None].astype(np.int32)), Tensor(positions[None].astype(np.int32)),
@@ -94,7 +101,7 @@ class TeacherRunner:
             ids = np.zeros(chunk, np.int32)
             ids[: real.size] = real
             slots = self.cache.branch_slots(chunk)
-            width = self.window(self.length + chunk)
+            width = self.attention_width(self.length + chunk)
             lg, ax = self._call(ids, slots, slots, causal_chunk_mask(self.length, chunk, width))
             logits.append(lg[: real.size])
             aux.append(ax[: real.size])
@@ -105,11 +112,11 @@ class TeacherRunner:
     def verify(self, tensors: TreeTensors, allowed: np.ndarray | None = None) -> TeacherOutput:
         """One tree-masked forward over all N nodes at slots [L, L+N); the committed prefix is untouched.
 
-        ``allowed`` [N, W]: the verify mask if already built (W = ``self.window(L + N)``).
+        ``allowed`` [N, W]: the verify mask if already built (W = ``self.attention_width(L + N)``).
         """
         assert tensors.committed_len == self.length, "tree tensorised for another committed length"
         if allowed is None:
-            allowed = verify_attention_mask(tensors, self.window(self.length + tensors.num_nodes))
+            allowed = verify_attention_mask(tensors, self.attention_width(self.length + tensors.num_nodes))
         logits, aux = self._call(tensors.tokens, tensors.position_ids, tensors.cache_slots, allowed)
         return TeacherOutput(logits, aux, logits.argmax(-1))
 
@@ -118,7 +125,7 @@ class TeacherRunner:
         outs = []
         for tok in np.asarray(tokens, dtype=np.int32):
             slot = self.cache.branch_slots(1)
-            width = self.window(self.length + 1)
+            width = self.attention_width(self.length + 1)
             outs.append(self._call(np.array([tok]), slot, slot, causal_chunk_mask(self.length, 1, width)))
             self.cache.commit_by_length(0)
         logits = np.concatenate([o[0] for o in outs])
@@ -129,7 +136,7 @@ class TeacherRunner:
         for every attention window (a call ending exactly at the window uses it), and the cache mover.
         Writes dummy K/V beyond the committed region only; leaves the cache empty (length 0).
         """
-        for w in self.windows:
+        for w in self.attention_windows:
             for n in sorted(set(query_sizes) | {self.prefill_chunk}):
                 if n > w:
                     continue  # n tokens can never end inside this window
@@ -156,4 +163,4 @@ class TeacherRunner:
         params = [p for c in self.model.caches() for p in (c.k_cache, c.v_cache)]
         for param, value in zip(params, snapshot):
             param.set_data(Tensor(value))
-        self.cache.length = length
+        self.rewind(length)

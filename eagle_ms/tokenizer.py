@@ -18,7 +18,7 @@ Contracts
   special piece (e.g. ``"User: "``) the segment-wise ids can differ from encoding the whole
   rendered string (``"▁" + "Hi"`` instead of ``"▁Hi"``).
 
-openPangu template (anchors.md §6.3): each turn is ``[unused9]`` + role + ``：`` (U+FF1A) + content +
+openPangu template (the openPangu-Embedded chat template): each turn is ``[unused9]`` + role + ``：`` (U+FF1A) + content +
 ``[unused10]``; roles system/user/assistant/tool/function -> 系统/用户/助手/工具/方法; an empty system
 turn is inserted when the first message is not a system message; generation prompt
 ``[unused9]助手：``; BOS prepended to ids (``render`` returns text without BOS); eos ``[unused10]``.

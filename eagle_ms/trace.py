@@ -10,7 +10,7 @@ Layout of a benchmark run directory (one process or many ranks writing into the 
                                  then    {"type": "step", ...}  one line per EA verify step
     failures/<key>-<phase>.json  a dump per exception or invariant failure (turn, inputs, tree arrays,
                                cache length, traceback); ``tree-*.json`` dumps come from reference-mode
-                               invariant checks (eagle_ms.tree.check_invariants)
+                               invariant checks (eagle_ms/tree_checks.py)
     ranks/rank-<r>.json        written by each rank when it is done (its turns, failures, time)
     summary.json, summary.md   derived from traces only (``eagle-ms report`` rewrites them)
     plots/*.png
@@ -19,7 +19,7 @@ A trace file is written once, when its turn ends (temp file + rename), so a read
 """
 from __future__ import annotations
 
-import hashlib
+import itertools
 import json
 import os
 import platform
@@ -31,7 +31,8 @@ import traceback
 from importlib import metadata
 from typing import Any, Iterable
 
-from eagle_ms.bench.metrics import first_divergence
+from eagle_ms.files import atomic_write, file_sha256, write_json_atomic
+from eagle_ms.metrics import first_divergence
 
 MANIFEST = "manifest.json"
 TRACES = "traces"
@@ -45,27 +46,13 @@ PACKAGES = ("mindspore", "mindformers", "numpy", "sentencepiece", "safetensors",
 # --- small file helpers ------------------------------------------------------------------------
 
 def write_json(path: str, obj: Any, indent: int | None = 1) -> str:
-    """Write JSON atomically (temp file in the same directory, then rename)."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(obj, fh, indent=indent, ensure_ascii=False, sort_keys=False)
-        fh.write("\n")
-    os.replace(tmp, path)
-    return path
+    """Write JSON atomically (eagle_ms/files.py); returns ``path``."""
+    return write_json_atomic(path, obj, indent=indent, newline=True)
 
 
 def read_json(path: str) -> Any:
     with open(path, encoding="utf-8") as fh:
         return json.load(fh)
-
-
-def file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 # --- manifest ----------------------------------------------------------------------------------
@@ -116,15 +103,11 @@ def trace_path(run_dir: str, key: str) -> str:
 
 def write_turn_trace(run_dir: str, header: dict, steps: list[dict]) -> str:
     """``traces/<key>.jsonl``: the turn header line, then one line per verify step."""
-    path = trace_path(run_dir, header["key"])
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
+    def write(fh):
         fh.write(json.dumps({"type": "turn", **header}, ensure_ascii=False) + "\n")
         for step in steps:
             fh.write(json.dumps({"type": "step", **step}) + "\n")
-    os.replace(tmp, path)
-    return path
+    return atomic_write(trace_path(run_dir, header["key"]), write)
 
 
 def read_turn_trace(path: str) -> tuple[dict, list[dict]]:
@@ -162,6 +145,18 @@ def read_traces(run_dir: str) -> list[tuple[dict, list[dict]]]:
 
 # --- failures and rank markers -----------------------------------------------------------------
 
+_DUMP_COUNTER = itertools.count()
+
+
+def write_failure_dump(run_dir: str, dump: dict, stem: str | None = None) -> str:
+    """The project's one failure-dump writer: ``dump`` as JSON at ``<run_dir>/failures/<stem>.json``
+    (atomically); returns the path. Without ``stem`` the name is ``tree-<time>-<pid>-<counter>``, unique
+    within the directory (reference-mode tree invariant failures, malformed draft trees)."""
+    if stem is None:
+        stem = f"tree-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{next(_DUMP_COUNTER):04d}"
+    return write_json(os.path.join(run_dir, FAILURES, f"{stem}.json"), dump)
+
+
 def write_failure(run_dir: str, key: str, phase: str, exc: BaseException, context: dict) -> str:
     """``failures/<key>-<phase>.json``: the exception, its traceback, the turn context and, for a tree
     invariant failure, the tree arrays (``exc.dump``) and the path of any dump the check itself wrote."""
@@ -171,7 +166,7 @@ def write_failure(run_dir: str, key: str, phase: str, exc: BaseException, contex
     if isinstance(tree, dict):
         dump["tree"] = tree
         dump["tree_dump_path"] = getattr(exc, "dump_path", None)
-    return write_json(os.path.join(run_dir, FAILURES, f"{key}-{phase}.json"), dump)
+    return write_failure_dump(run_dir, dump, f"{key}-{phase}")
 
 
 def rank_marker_path(run_dir: str, rank: int) -> str:

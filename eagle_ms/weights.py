@@ -22,9 +22,8 @@ Linear weights are ``[out, in]`` as stored by HF, so nothing is transposed. Rule
 
 Checkpoint layouts (``load_teacher_checkpoint``): a directory with ``model.safetensors.index.json``
 (HF ``{"metadata": {"total_size": n}, "weight_map": {key: shard}}``; it wins when present) or with
-``model.safetensors``; or a single ``.safetensors`` / ``.index.json`` file. The safetensors reader is
-pure NumPy (no torch): 8-byte little-endian header length, a JSON header ``{key: {dtype, shape,
-data_offsets}}``, then the raw little-endian data. BF16 is widened by ``uint16 -> uint32 << 16``.
+``model.safetensors``; or a single ``.safetensors`` / ``.index.json`` file, read by the pure-NumPy reader
+of eagle_ms/safetensors_format.py (BF16 widened exactly to float32).
 """
 from __future__ import annotations
 
@@ -32,7 +31,6 @@ import json
 import math
 import os
 import re
-import struct
 import zlib
 from dataclasses import dataclass
 from typing import Mapping
@@ -42,25 +40,18 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn
 
-from eagle_ms.config import ModelConfig, model_config_to_hf
+from eagle_ms.config import ModelConfig
+from eagle_ms.hf_config import hf_bias, model_config_to_hf
+from eagle_ms.files import write_json_atomic
+from eagle_ms.safetensors_format import (FLOAT_TAGS, SAVE_DTYPES, ST_DTYPES, CheckpointError, SafetensorsFile,
+                                         write_safetensors)
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 CONFIG_FILE = "config.json"
 IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
 RUNTIME_STATE = ("k_cache", "v_cache")  # last name component of non-checkpoint Parameters
-MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors format's own limit
-
-# safetensors dtype tag -> little-endian NumPy dtype (BF16 is read as raw uint16 bits, then widened)
-ST_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8", "I32": "<i4",
-             "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
-FLOAT_TAGS = ("F64", "F32", "F16", "BF16")
 FLOAT_PARAMS = (ms.float16, ms.float32, ms.bfloat16, ms.float64)
-SAVE_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
-
-
-class CheckpointError(ValueError):
-    """A checkpoint does not fit the model, or a file is missing, truncated or corrupt."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -186,137 +177,6 @@ def _load_entries(model: nn.Cell, entries: Mapping[str, CheckpointTensor], sourc
 
 
 # ----------------------------------------------------------------------------------------------
-# safetensors format (read without torch; write ourselves so BF16 works too)
-# ----------------------------------------------------------------------------------------------
-
-class SafetensorsFile:
-    """Header of one safetensors file; ``read(key)`` returns one tensor (BF16 -> float32)."""
-
-    def __init__(self, path: str):
-        self.path = path
-        if not os.path.isfile(path):
-            raise CheckpointError(f"safetensors file not found: {path}")
-        size = os.path.getsize(path)
-        with open(path, "rb") as fh:
-            head = fh.read(8)
-            if len(head) < 8:
-                raise CheckpointError(f"{path}: truncated safetensors file ({size} bytes, no header length)")
-            (n,) = struct.unpack("<Q", head)
-            if n > MAX_HEADER_BYTES or 8 + n > size:
-                raise CheckpointError(f"{path}: corrupt or truncated safetensors file (header length {n}, "
-                                      f"file size {size})")
-            raw = fh.read(n)
-        try:
-            header = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CheckpointError(f"{path}: corrupt safetensors header: {exc}") from None
-        if not isinstance(header, dict):
-            raise CheckpointError(f"{path}: corrupt safetensors header (not a JSON object)")
-        self.metadata = header.pop("__metadata__", None) or {}
-        self.data_start = 8 + n
-        self.tensors = {k: self._check_entry(k, v, size - self.data_start) for k, v in header.items()}
-
-    def _check_entry(self, key: str, info, data_size: int) -> tuple[str, tuple[int, ...], int, int]:
-        try:
-            tag, shape, (begin, end) = info["dtype"], tuple(int(s) for s in info["shape"]), info["data_offsets"]
-        except (TypeError, KeyError, ValueError) as exc:
-            raise CheckpointError(f"{self.path}: corrupt header entry for '{key}': {info!r} ({exc})") from None
-        if tag not in ST_DTYPES:
-            raise CheckpointError(f"{self.path}: tensor '{key}' has unsupported dtype {tag!r} "
-                                  f"(supported: {sorted(ST_DTYPES)})")
-        nbytes = math.prod(shape) * np.dtype(ST_DTYPES[tag]).itemsize
-        if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end) or end - begin != nbytes:
-            raise CheckpointError(f"{self.path}: tensor '{key}' ({tag}, shape {shape}) has bad data_offsets "
-                                  f"[{begin}, {end}] (expected {nbytes} bytes)")
-        if end > data_size:
-            raise CheckpointError(f"{self.path}: truncated: tensor '{key}' needs data bytes up to {end}, "
-                                  f"the file holds {data_size}")
-        return tag, shape, begin, end
-
-    def keys(self) -> list[str]:
-        return list(self.tensors)
-
-    def read(self, key: str) -> np.ndarray:
-        if key not in self.tensors:
-            raise CheckpointError(f"{self.path}: no tensor '{key}'")
-        tag, shape, begin, end = self.tensors[key]
-        with open(self.path, "rb") as fh:
-            fh.seek(self.data_start + begin)
-            buf = fh.read(end - begin)
-        if len(buf) != end - begin:  # the file shrank since the header was read
-            raise CheckpointError(f"{self.path}: truncated while reading '{key}'")
-        arr = np.frombuffer(buf, dtype=ST_DTYPES[tag]).reshape(shape)
-        if tag == "BF16":
-            return (arr.astype(np.uint32) << 16).view(np.float32)
-        return arr.astype(arr.dtype.newbyteorder("="), copy=True)
-
-
-def read_safetensors(path: str) -> dict[str, np.ndarray]:
-    """All tensors of one file (BF16 -> float32)."""
-    f = SafetensorsFile(path)
-    return {k: f.read(k) for k in f.keys()}
-
-
-def float32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
-    """float32 -> bfloat16 bit patterns (uint16), round to nearest even; NaN stays NaN."""
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    rounded = ((u + (0x7FFF + ((u >> 16) & 1))) >> 16).astype(np.uint16)
-    return np.where(np.isnan(x), np.uint16(0x7FC0), rounded)
-
-
-def _encode(arr: np.ndarray, float_dtype: str | None) -> tuple[str, np.ndarray]:
-    """(safetensors tag, little-endian array to write) for ``arr``; floats cast to ``float_dtype``."""
-    arr = np.asarray(arr)
-    if arr.dtype.kind == "f" and float_dtype is not None:
-        tag = SAVE_DTYPES[float_dtype]
-        if tag == "BF16":
-            return tag, float32_to_bf16_bits(arr.astype(np.float32))
-        arr = arr.astype(ST_DTYPES[tag])
-    for tag, np_dtype in ST_DTYPES.items():
-        if tag != "BF16" and np.dtype(np_dtype).kind == arr.dtype.kind and \
-                np.dtype(np_dtype).itemsize == arr.dtype.itemsize:
-            return tag, arr.astype(np_dtype)
-    raise CheckpointError(f"cannot store dtype {arr.dtype} in safetensors")
-
-
-def _replace_atomically(path: str, write) -> None:
-    """Run ``write(file)`` on a temp file next to ``path``, then rename it to ``path``."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "wb") as fh:
-            write(fh)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def write_safetensors(path: str, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None,
-                      float_dtype: str | None = None) -> int:
-    """Write ``tensors`` (floats cast to ``float_dtype`` if given) atomically; returns the data bytes."""
-    if float_dtype is not None and float_dtype not in SAVE_DTYPES:
-        raise ValueError(f"float_dtype {float_dtype!r} must be one of {sorted(SAVE_DTYPES)}")
-    header, blobs, offset = {}, [], 0
-    if metadata:
-        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
-    for key, value in tensors.items():
-        tag, arr = _encode(value, float_dtype)
-        header[key] = {"dtype": tag, "shape": list(arr.shape), "data_offsets": [offset, offset + arr.nbytes]}
-        blobs.append(arr)
-        offset += arr.nbytes
-    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    raw += b" " * (-len(raw) % 8)  # data starts 8-byte aligned, as the reference writer does
-
-    def write(fh):
-        fh.write(struct.pack("<Q", len(raw)) + raw)
-        for arr in blobs:
-            fh.write(np.ascontiguousarray(arr).tobytes())
-
-    _replace_atomically(path, write)
-    return offset
-
-
-# ----------------------------------------------------------------------------------------------
 # HF checkpoint directories
 # ----------------------------------------------------------------------------------------------
 
@@ -423,7 +283,7 @@ def save_teacher_checkpoint(state_or_model, cfg: ModelConfig, out_dir: str, max_
 
 
 def _write_json(path: str, obj) -> None:
-    _replace_atomically(path, lambda fh: fh.write(json.dumps(obj, indent=2, sort_keys=False).encode("utf-8")))
+    write_json_atomic(path, obj, indent=2)
 
 
 def _remove_stale(out_dir: str, keep: list[str]) -> None:
@@ -435,7 +295,7 @@ def _remove_stale(out_dir: str, keep: list[str]) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# Building the teacher
+# Checkpoint config vs model config
 # ----------------------------------------------------------------------------------------------
 
 _ARCH_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -455,8 +315,8 @@ def check_checkpoint_config(cfg: ModelConfig, checkpoint: str) -> None:
             raw = json.load(fh)
     except (OSError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{path}: cannot read checkpoint config: {exc}") from None
-    if "bias" not in raw and "attention_bias" in raw:
-        raw["bias"] = raw["attention_bias"]
+    if hf_bias(raw) is not None:
+        raw["bias"] = hf_bias(raw)
     diffs = []
     for name in _ARCH_FIELDS:
         theirs, ours = raw.get(name), getattr(cfg, name)
@@ -476,18 +336,3 @@ def _same(theirs, ours) -> bool:
         except (TypeError, ValueError):
             return False
     return theirs == ours and isinstance(theirs, bool) == isinstance(ours, bool)
-
-
-def build_teacher(cfg: ModelConfig, checkpoint: str | None, batch: int, capacity: int, backend: str,
-                  seed: int = 0):
-    """The Pangu teacher Cell with weights: from ``checkpoint``, else ``random_teacher_state(cfg, seed)``."""
-    from eagle_ms.models.pangu import PanguForCausalLM  # keeps this module importable without the Cells
-
-    if checkpoint is not None:
-        check_checkpoint_config(cfg, checkpoint)
-    model = PanguForCausalLM(cfg, batch, capacity, backend)
-    if checkpoint is not None:
-        load_teacher_checkpoint(model, checkpoint)
-    else:
-        load_state(model, random_teacher_state(cfg, seed), source=f"<random seed={seed}>")
-    return model

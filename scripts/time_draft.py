@@ -28,7 +28,7 @@ def main():
     args = p.parse_args()
     from eagle_ms.bench.draft_timing import time_draft
     from eagle_ms.draft_weights import default_draft_config, load_draft_checkpoint, random_draft_state
-    from eagle_ms.eagle3_drafter import make_drafter
+    from eagle_ms.runtime import eagle3_drafter_from_state
 
     cfg, runner = timing_runner(args)
     if args.draft_path:
@@ -37,8 +37,8 @@ def main():
         draft_cfg = default_draft_config(cfg.model)
         state = random_draft_state(draft_cfg, args.draft_seed)
     ks = [int(k) for k in args.top_k.split(",")]
-    drafters = {k: make_drafter(runner, draft_cfg, state, args.budget, args.max_depth, k,
-                                 min_path_prob=args.min_path_prob) for k in ks}
+    drafters = {k: eagle3_drafter_from_state(runner, draft_cfg, state, args.budget, args.max_depth, k,
+                                              min_path_prob=args.min_path_prob) for k in ks}
     res = time_draft(runner, drafters, args.repeats, args.context)
     m = cfg.model
     print(json.dumps({"config": args.config, "overrides": args.set, "layers": m.num_hidden_layers,

@@ -1,7 +1,7 @@
 """Attention backends: the fused (Ascend FlashAttentionScore) wiring, tested on CPU, and backend choice.
 
 ``mindspore.ops.flash_attention_score`` only runs on Ascend. Here a NumPy emulation of its documented
-semantics is patched in its place (as ``eagle_ms.attention`` sees it), and the FusedAttention cell is
+semantics is patched in its place (as ``eagle_ms.models.attention`` sees it), and the FusedAttention cell is
 run in PyNative mode (the emulation is host code, it cannot be compiled into a graph):
 
     out[b, h] = softmax(scalar_value * q[b, h] @ k[b, h // (N1 / N2)]^T, discarding where mask == 1) @ v[...]
@@ -21,8 +21,8 @@ import pytest
 import mindspore as ms
 from mindspore import Tensor
 
-import eagle_ms.attention as attention
-from eagle_ms.attention import (ENV_DISABLE_FUSED_TREE, ENV_FORCE_EAGER, NEG_INF, EagerAttention,
+import eagle_ms.models.attention as attention
+from eagle_ms.models.attention import (ENV_DISABLE_FUSED_TREE, ENV_FORCE_EAGER, NEG_INF, EagerAttention,
                                 FusedAttention, choose_backend, make_attention)
 from eagle_ms.tree import tensorize, verify_attention_mask
 from helpers_models import TINY, build_teacher, make_runner, make_tree, prompt, random_parents, rel_err

@@ -20,10 +20,10 @@ def models():
 
 def test_window_choice_worked_example(models):
     _, runner = models
-    assert runner.windows == (16, 32, 64)
-    assert [runner.window(e) for e in (1, 16, 17, 32, 33, 64)] == [16, 16, 32, 32, 64, 64]
+    assert runner.attention_windows == (16, 32, 64)
+    assert [runner.attention_width(e) for e in (1, 16, 17, 32, 33, 64)] == [16, 16, 32, 32, 64, 64]
     with pytest.raises(ValueError, match="KV cache full"):
-        runner.window(65)
+        runner.attention_width(65)
 
 
 def test_windowed_prefill_and_decode_equal_full_cache(models):

@@ -20,12 +20,13 @@ import numpy as np
 import pytest
 from conftest import REPO, SHARED_DATA
 
-import eagle_ms.teacher
 import eagle_ms.tree
+import eagle_ms.tree_checks
 from eagle_ms import trace
 from eagle_ms.bench.runner import BenchOptions, run_bench
 from eagle_ms.cli import main
 from eagle_ms.config import load_config
+from eagle_ms.files import file_sha256
 from eagle_ms.tree import DraftTree
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(SHARED_DATA), reason="shared data not present")
@@ -78,7 +79,7 @@ def test_smoke_run_writes_every_file(smoke, data_dir):
     assert "commit" in man["git"] and man["device"]["device_target"] == "CPU"
     assert [t["key"] for t in man["turns"]] == SMOKE_KEYS
     assert [d["sha256"] for d in man["data_files"]] == [
-        trace.file_sha256(os.path.join(data_dir, n, "question.jsonl")) for n in ("mt_bench", "humaneval")]
+        file_sha256(os.path.join(data_dir, n, "question.jsonl")) for n in ("mt_bench", "humaneval")]
     assert "--max-new-tokens 8" in man["command"]
     s = trace.read_json(os.path.join(smoke, "summary.json"))
     assert s["turns"]["ok"] == 4 and s["exactness"]["share"] == 1.0 and s["ranks"]["missing"] == []
@@ -156,23 +157,23 @@ def test_planted_failures_are_dumped_and_the_run_continues(session, data_dir, tm
     tamper_prompt = tuple(build_prompt(session, qs[("humaneval", 1)], 1, []).tolist())
     real_run, vocab = session.run, session.cfg.model.vocab_size
 
-    def planted_run(prompt_ids, drafter=None):
+    def planted_run(prompt_ids, drafter=None, **overrides):
         key = tuple(int(x) for x in prompt_ids)
         if drafter is None and key == crash_prompt:
             raise RuntimeError("planted baseline crash")
-        result = real_run(prompt_ids, drafter)
+        result = real_run(prompt_ids, drafter, **overrides)
         if drafter is not None and key == tamper_prompt:
             toks = list(result.tokens)
             toks[3] = (toks[3] + 1) % vocab
             result = dataclasses.replace(result, tokens=toks)
         return result
     monkeypatch.setattr(session, "run", planted_run)
-    tree_mask, verify_mask = eagle_ms.tree._tree_mask, eagle_ms.teacher.verify_attention_mask
+    tree_mask, checks_mask = eagle_ms.tree.tree_mask, eagle_ms.tree_checks.tree_mask
     out = str(tmp_path / "run")
     opts = BenchOptions(data_dir=data_dir, out=out, limit=3, profile=True, progress=False, warmup_tokens=4)
     s = run_bench(session.cfg, opts, session=session, drafter_factory=_corrupting_factory("humaneval-0-1"))
 
-    assert eagle_ms.tree._tree_mask is tree_mask and eagle_ms.teacher.verify_attention_mask is verify_mask
+    assert eagle_ms.tree.tree_mask is tree_mask and eagle_ms.tree_checks.tree_mask is checks_mask
     status = {p["key"]: p["status"] for p in s["per_turn"]}
     assert status == {"mt_bench-81-1": "failed", "mt_bench-81-2": "skipped", "humaneval-0-1": "failed",
                       "humaneval-1-1": "ok", "humaneval-2-1": "ok"}
@@ -197,6 +198,23 @@ def test_planted_failures_are_dumped_and_the_run_continues(session, data_dir, tm
     assert "mask" in s["stages"] and s["run"]["profile"] is True
     md = open(os.path.join(out, "summary.md")).read()
     assert "## Failures" in md and "planted baseline crash" in md and "PROFILE RUN" in md
+
+
+def test_profile_times_the_tree_and_verify_masks_of_every_step(session, data_dir, tmp_path):
+    out = str(tmp_path / "profile")
+    opts = BenchOptions(data_dir=data_dir, out=out, datasets=("humaneval",), limit=2, profile=True, progress=False,
+                        warmup_tokens=4)
+    s = run_bench(session.cfg, opts, session=session)
+    steps = [st for _, sts in trace.read_traces(out) for st in sts]
+    assert steps and all("profile_s" in st for st in steps), "a profile run lost its mask events"
+    for st in steps:
+        prof, stages = st["profile_s"], st["stage_s"]
+        assert prof["mask_verify_s"] == stages["mask"] > 0  # the verify mask: the loop's own lap
+        assert 0 < prof["mask_tree_s"] < stages["tensorize"]  # the tree mask is built inside tensorize
+    want = np.mean([st["stage_s"]["mask"] + st["profile_s"]["mask_tree_s"] for st in steps])
+    assert s["stages"]["mask"]["mean_ms"] == pytest.approx(1e3 * want)
+    want = np.mean([st["stage_s"]["tensorize"] - st["profile_s"]["mask_tree_s"] for st in steps])
+    assert s["stages"]["tensorize"]["mean_ms"] == pytest.approx(1e3 * want)
 
 
 def test_missing_rank_is_reported_not_waited_for(session, data_dir, tmp_path):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from eagle_ms import trace
-from eagle_ms.bench import metrics
+from eagle_ms import metrics
 from eagle_ms.bench.summary import summarize, write_report
 from eagle_ms.bench.sweep import SweepPoint, parse_windows, plan_sweeps, unique_points, write_sweep_report
 

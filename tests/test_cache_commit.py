@@ -11,7 +11,8 @@ from mindspore import Tensor
 from helpers_models import (TINY, binary_parents, build_teacher, make_runner, make_tree, prompt,
                             random_parents, rel_err, root_path, star_parents)
 
-from eagle_ms.cache import BranchCache, flat_rows, path_move_slots
+from eagle_ms.cache import BranchCache, path_move_slots
+from eagle_ms.models.kv_cache import flat_rows
 from eagle_ms.generate import CommitMismatch, DecodeSettings, generate
 from eagle_ms.oracle_drafter import OracleDrafter
 from eagle_ms.teacher import TeacherRunner

@@ -69,3 +69,33 @@ def test_fallback_flag_reaches_the_loop(baseline):
     proc = run_cli("generate", "--config", TINY, "--prompt", "x", "--fallback-accept", "-1")
     assert proc.returncode == 2
     assert "speculative.fallback_accept" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_decoding_flags_are_the_config_fields_they_set():
+    import dataclasses
+
+    from eagle_ms import cli_args
+    from eagle_ms.cli import build_parser
+    from eagle_ms.config import EagleMsConfig
+
+    sections = {f.name: f.type for f in dataclasses.fields(EagleMsConfig)}
+    for flag in cli_args.DECODE_FLAGS:
+        section, field = flag.key.split(".")
+        assert section in sections and field in {f.name for f in dataclasses.fields(
+            cli_args._SECTIONS[section])}, flag.key
+    parser = build_parser()
+    for command in ("generate", "bench"):
+        extra = ["--prompt", "x"] if command == "generate" else ["--data-dir", "d", "--out", "o"]
+        args = parser.parse_args([command, *extra, "--budget", "8", "--min-path-prob", "0.25",
+                                  "--draft-window", "none", "--mode", "reference"])
+        assert cli_args.overrides(args) == {"speculative.budget": 8, "speculative.min_path_prob": 0.25,
+                                            "speculative.draft_window": None, "speculative.mode": "reference"}
+        assert cli_args.overrides(parser.parse_args([command, *extra])) == {}
+
+
+def test_default_config_outside_a_source_checkout_is_a_clear_error(tmp_path, monkeypatch):
+    from eagle_ms import cli_args
+
+    monkeypatch.setattr(cli_args, "DEFAULT_CONFIG", str(tmp_path / "configs" / "demo.yaml"))
+    with pytest.raises(FileNotFoundError, match="pass --config"):
+        cli_args.default_config()

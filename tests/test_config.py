@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from eagle_ms.config import (ModelConfig, config_from_dict, load_config, model_config_from_hf,
-                             model_config_to_hf)
+from eagle_ms.config import ModelConfig, config_from_dict, load_config
+from eagle_ms.hf_config import model_config_from_hf, model_config_to_hf
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = {"model": {"model_config": {"vocab_size": 100, "hidden_size": 32, "intermediate_size": 64,

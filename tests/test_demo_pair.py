@@ -15,7 +15,7 @@ from conftest import REPO
 from eagle_ms.assets import DEMO_DIR
 from eagle_ms.config import load_config
 from eagle_ms.draft_weights import load_draft_checkpoint, random_draft_state
-from eagle_ms.eagle3_drafter import make_drafter
+from eagle_ms.runtime import eagle3_drafter_from_state
 from eagle_ms.session import Session
 from numpy_reference import reference_forward
 
@@ -107,7 +107,7 @@ def test_shipped_draft_acceptance_far_above_random_draft(session):
     draft_cfg, shipped_state = load_draft_checkpoint(spec.draft_path, session.cfg.model)
     random_state = random_draft_state(draft_cfg, seed=1)
     random_state["d2t"], random_state["t2d"] = shipped_state["d2t"], shipped_state["t2d"]
-    random_drafter = make_drafter(session.runner, draft_cfg, random_state, spec.budget, spec.max_depth, spec.top_k)
+    random_drafter = eagle3_drafter_from_state(session.runner, draft_cfg, random_state, spec.budget, spec.max_depth, spec.top_k)
     random_drafter.warm_up()
     taus = {"shipped": [], "random": []}
     for text in _heldout_prompts(4):

@@ -16,7 +16,7 @@ from conftest import REPO, free_port
 from eagle_ms.config import load_config
 from eagle_ms.draft_weights import load_draft_checkpoint, random_draft_state
 from eagle_ms.train.draft_trainer import DraftTrainConfig, DraftTraining, draft_optim
-from eagle_ms.weights import read_safetensors
+from eagle_ms.safetensors_format import read_safetensors
 from test_draft_trainer import MODEL, TOKENIZER, make_pipeline_data
 
 SCRIPT = os.path.join(REPO, "scripts", "msrun_train_draft.sh")

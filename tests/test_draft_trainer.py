@@ -17,14 +17,14 @@ import pytest
 from conftest import REPO
 from eagle_ms.config import ModelConfig, config_from_dict
 from eagle_ms.draft_weights import load_draft_checkpoint
-from eagle_ms.eagle3_drafter import make_drafter
 from eagle_ms.generate import DecodeSettings, generate
-from eagle_ms.runtime import build_runner
+from eagle_ms.runtime import build_runner, eagle3_drafter_from_state
 from eagle_ms.train.draft_trainer import DraftTrainConfig, DraftTraining, draft_optim
 from eagle_ms.train.preprocess import PreprocessOptions, run_preprocess
 from eagle_ms.train.regenerate import RegenOptions, run_regenerate
 from eagle_ms.train.vocab import build_vocab
-from eagle_ms.weights import random_teacher_state, read_safetensors, save_teacher_checkpoint
+from eagle_ms.safetensors_format import read_safetensors
+from eagle_ms.weights import random_teacher_state, save_teacher_checkpoint
 
 TOKENIZER = os.path.join(REPO, "eagle_ms", "assets", "demo", "tokenizer.model")
 MODEL = dict(vocab_size=8000, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
@@ -119,7 +119,7 @@ def test_exported_draft_loads_and_is_lossless(data, trained):
     np.testing.assert_array_equal(state["t2d"], vocab["t2d"])
     runner = build_runner(cfg)
     records = sorted((json.loads(line) for line in open(data["regen"], encoding="utf-8")), key=lambda r: r["index"])
-    drafter = make_drafter(runner, dcfg, state, budget=8, max_depth=4, top_k=2)
+    drafter = eagle3_drafter_from_state(runner, dcfg, state, budget=8, max_depth=4, top_k=2)
     taus = []
     for rec in [r for r in records if r["index"] % 5 == 4][:2]:  # held-out conversations
         prompt = np.asarray(rec["ids"][:rec["turns"][0]["prompt_len"]], np.int64)

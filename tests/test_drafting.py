@@ -1,7 +1,7 @@
 """EAGLE-2 dynamic tree (eagle_ms.drafting) and the EAGLE-3 drafter's cache handling (eagle_ms.eagle3_drafter).
 
 Second implementations:
-  * ``reference_eagle2``: a straightforward loop-and-sort EAGLE-2 (paper-notes §11.2) over a function
+  * ``reference_eagle2``: a straightforward loop-and-sort EAGLE-2 (eagle_ms/drafting.py module doc) over a function
     path -> draft log-probs, no early stop. ``build_tree`` (fixed-shape frontier calls, early stop on
     and off) must produce the SAME tree from crafted log-probs full of ties (and exact log p = 0);
   * the NumPy fp64 draft forward of test_eagle3_model (``np_draft``), recomputing the draft over the whole
@@ -250,7 +250,7 @@ class Setup:
 
     def drafter(self, params, window=None, early_stop=True, windows=None):
         return Eagle3Drafter(self.draft, params, C, CHUNK, window, early_stop, expand_cell=self.expand,
-                             windows=windows)
+                             attention_windows=windows)
 
     def cache(self):
         c = self.draft.midlayer.self_attn.kv_cache
@@ -430,7 +430,7 @@ def test_drafter_validation(setup):
     with pytest.raises(ValueError, match="draft cache capacity|scratch"):
         Eagle3Drafter(setup.draft, TreeParams(4, 3, K), CAP - 2, CHUNK)
     with pytest.raises(ValueError, match="speculative.draft_window"):
-        Eagle3Drafter(setup.draft, TreeParams(4, 3, K), C, CHUNK, window=0)
+        Eagle3Drafter(setup.draft, TreeParams(4, 3, K), C, CHUNK, context_window=0)
     with pytest.raises(ValueError, match="speculative.budget"):
         Eagle3Drafter(setup.draft, TreeParams(C, 3, K), C, CHUNK)
     drafter = setup.drafter(PARAMS[0])

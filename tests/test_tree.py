@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from eagle_ms.tree import (DraftTree, TreeInvariantError, chain_first, check_invariants, tensorize,
-                           verify_attention_mask)
+from eagle_ms.tree import DraftTree, TreeInvariantError, chain_first, tensorize, verify_attention_mask
+from eagle_ms.tree_checks import check_invariants
 
 SETTINGS = settings(max_examples=150, deadline=None)
 

@@ -15,7 +15,8 @@ from helpers_models import (TINY, binary_parents, build_teacher, chain_parents, 
                             make_tree, prompt, random_parents, rel_err, root_path, star_parents)
 from numpy_reference import reference_forward
 
-from eagle_ms.tree import check_invariants, tensorize
+from eagle_ms.tree import tensorize
+from eagle_ms.tree_checks import check_invariants
 
 BUDGET = 16  # every tree below is padded to N = 17: one compiled verify graph
 MAX_DEPTH = 10

@@ -15,9 +15,10 @@ import mindspore as ms
 
 from eagle_ms.config import ModelConfig
 from eagle_ms.models.pangu import PanguForCausalLM
-from eagle_ms.weights import (CheckpointError, build_teacher, expected_teacher_keys, load_state,
-                              load_teacher_checkpoint, model_state, random_teacher_state, read_safetensors,
-                              save_teacher_checkpoint, write_safetensors)
+from eagle_ms.runtime import build_teacher
+from eagle_ms.safetensors_format import CheckpointError, read_safetensors, write_safetensors
+from eagle_ms.weights import (expected_teacher_keys, load_state, load_teacher_checkpoint, model_state,
+                              random_teacher_state, save_teacher_checkpoint)
 
 BIAS_TIE = [(True, False), (False, False), (True, True), (False, True)]
 Q_KEY = "model.layers.0.self_attn.q_proj.weight"

@@ -7,17 +7,7 @@ import json
 import shlex
 import sys
 
-
-def _window(text: str) -> int | None:
-    if text.lower() in ("none", "full"):
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer or 'none', got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+from eagle_ms.cli_args import add_config_args, add_decode_flags, config_path, overrides
 
 
 def _add_run_args(p: argparse.ArgumentParser) -> None:
@@ -25,19 +15,7 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--datasets", default="mt_bench,humaneval", help="comma-separated (default: %(default)s)")
     p.add_argument("--limit", type=int, help="first N questions of EACH dataset")
     p.add_argument("--out", required=True, help="run directory (sweep: the sweep directory)")
-    p.add_argument("--max-new-tokens", type=int, dest="max_new_tokens")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--draft", choices=["test", "eagle3"])
-    p.add_argument("--draft-path", dest="draft_path")
-    p.add_argument("--budget", type=int, help="M: draft nodes per verify")
-    p.add_argument("--max-depth", type=int, dest="max_depth", help="Dmax")
-    p.add_argument("--top-k", type=int, dest="top_k")
-    p.add_argument("--min-path-prob", type=float, dest="min_path_prob", help="eagle3 depth cut (speculative.min_path_prob)")
-    p.add_argument("--fallback-accept", type=float, dest="fallback_accept",
-                   help="teacher-only steps while mean accept_L is below this (speculative.fallback_accept)")
-    p.add_argument("--mode", choices=["reference", "performance"])
-    p.add_argument("--draft-window", type=_window, dest="draft_window", default=argparse.SUPPRESS,
-                   help="keep the last W tokens of draft context, or 'none'")
+    add_decode_flags(p, drafts=("test", "eagle3"))
     p.add_argument("--profile", action="store_true",
                    help="finer stage split (mask construction); perturbs timing, not for headline numbers")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier run in --out")
@@ -73,7 +51,7 @@ def _command_line(parser: argparse.ArgumentParser, args, name: str) -> str:
     return " ".join(shlex.quote(w) for w in words)
 
 
-def _prepare(args, overrides_fn, parser, name: str):
+def _prepare(args, parser, name: str):
     """(cfg, BenchOptions) with the ranks initialised (msrun) -- the common part of bench and sweep."""
     from eagle_ms.bench.datasets import parse_datasets
     from eagle_ms.bench.distributed import init_ranks
@@ -81,10 +59,7 @@ def _prepare(args, overrides_fn, parser, name: str):
     from eagle_ms.config import load_config
     from eagle_ms.runtime import setup_context
 
-    overrides = overrides_fn(args)
-    if hasattr(args, "draft_window"):
-        overrides["speculative.draft_window"] = args.draft_window
-    cfg = load_config(args.config, overrides)
+    cfg = load_config(config_path(args), overrides(args))
     setup_context(cfg)
     rank, world = init_ranks(args.rank, args.world_size)
     opts = BenchOptions(data_dir=args.data_dir, out=args.out, datasets=parse_datasets(args.datasets),
@@ -101,10 +76,10 @@ def _strict_status(summary: dict) -> int:
     return 1 if bad else 0
 
 
-def cmd_bench(args, overrides_fn, parser) -> int:
+def cmd_bench(args, parser) -> int:
     from eagle_ms.bench.runner import run_bench
 
-    cfg, opts = _prepare(args, overrides_fn, parser, "bench")
+    cfg, opts = _prepare(args, parser, "bench")
     try:
         summary = run_bench(cfg, opts)
     except FileExistsError as exc:
@@ -116,13 +91,13 @@ def cmd_bench(args, overrides_fn, parser) -> int:
     return _strict_status(summary) if args.strict else 0
 
 
-def cmd_sweep(args, overrides_fn, parser) -> int:
+def cmd_sweep(args, parser) -> int:
     from eagle_ms.bench.sweep import parse_int_list, parse_windows, plan_sweeps, run_sweep
 
     budgets = parse_int_list(args.budgets, "--budgets") if args.budgets else None
     depths = parse_int_list(args.depths, "--depths") if args.depths else None
     windows = parse_windows(args.windows) if args.windows else None
-    cfg, opts = _prepare(args, overrides_fn, parser, "sweep")
+    cfg, opts = _prepare(args, parser, "sweep")
     sweeps = plan_sweeps(cfg.speculative.budget, cfg.speculative.max_depth, budgets, depths, windows, args.preset)
     try:
         data = run_sweep(cfg, sweeps, opts, command=opts.command)
@@ -173,12 +148,12 @@ def headline(summary: dict, run_dir: str) -> str:
             f"exact {ex['identical']}/{ex['turns']}\nsummary: {run_dir}/summary.md")
 
 
-def add_parsers(sub, add_config_args, overrides_fn) -> None:
+def add_parsers(sub) -> None:
     """Register bench, sweep, report and trace (diff) on the ``eagle-ms`` subparsers."""
     b = sub.add_parser("bench", help="baseline vs speculative decoding over MT-Bench/HumanEval turns")
     add_config_args(b)
     _add_run_args(b)
-    b.set_defaults(func=lambda a: cmd_bench(a, overrides_fn, b))
+    b.set_defaults(func=lambda a: cmd_bench(a, b))
     s = sub.add_parser("sweep", help="budget/depth sweep (Table 2, 2-D grids) and draft windows (Table 3)")
     add_config_args(s)
     _add_run_args(s)
@@ -186,7 +161,7 @@ def add_parsers(sub, add_config_args, overrides_fn) -> None:
     s.add_argument("--depths", help="comma-separated Dmax values, e.g. 4,8,10,12,16")
     s.add_argument("--windows", help="draft windows, e.g. none,128,256,512")
     s.add_argument("--preset", choices=["table2", "table3"], help="the paper's Table 2 grid or Table 3 windows")
-    s.set_defaults(func=lambda a: cmd_sweep(a, overrides_fn, s))
+    s.set_defaults(func=lambda a: cmd_sweep(a, s))
     r = sub.add_parser("report", help="regenerate summary.json/md and plots of a run (or sweep) from traces")
     r.add_argument("run_dir")
     r.add_argument("--no-plots", action="store_true")

@@ -1,4 +1,4 @@
-"""Draft cost vs teacher cost, measured side by side in one process (issue note numbers).
+"""Draft cost vs teacher cost, measured side by side in one process (scripts/time_draft.py).
 
 After a ``context``-token prefill (teacher) and ``begin`` (draft), every repeat times, round-robin so
 machine noise hits all alike:

@@ -16,7 +16,6 @@ Protocol (one process, or one rank of many):
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import sys
@@ -29,7 +28,7 @@ import numpy as np
 from eagle_ms import trace
 from eagle_ms.bench.datasets import (DEFAULT_DATASETS, Question, TurnSpec, dataset_path, expand_turns,
                                      load_questions, shard_turns)
-from eagle_ms.bench.metrics import first_divergence, logit_margin, speedup
+from eagle_ms.metrics import first_divergence, logit_margin, speedup
 from eagle_ms.bench.profile import MaskProfiler, NullProfiler
 from eagle_ms.bench.progress import Progress
 from eagle_ms.runtime import decode_mode
@@ -135,7 +134,7 @@ def _run_record(result, ea: bool) -> dict:
            "prefill_s": result.prefill_s, "tokens_per_s": result.tokens_per_s, "stop_reason": result.stop_reason,
            "verify_steps": result.verify_steps}
     if ea:
-        rec["tau"] = result.tau if result.steps else None
+        rec["tau"] = result.tau
     return rec
 
 
@@ -188,10 +187,10 @@ class TurnRunner:
 
     def _one(self, phase: str, prompt_ids: np.ndarray, spec: TurnSpec):
         if phase == "baseline":
-            return self.session.run(prompt_ids), None
+            return self.session.run(prompt_ids, run_dir=self.opts.out), None
         drafter = self.factory(self.session, prompt_ids, spec)
         with self.profiler.active() as prof:
-            result = self.session.run(prompt_ids, drafter)
+            result = self.session.run(prompt_ids, drafter, run_dir=self.opts.out, on_step=prof.on_step)
         split = prof.per_step(len(result.steps))
         if self.opts.profile and split is None and not self._warned:
             self._warned = True
@@ -267,7 +266,7 @@ def _turn_note(header: dict) -> str:
 def run_bench(cfg, opts: BenchOptions, session=None, drafter_factory: DrafterFactory | None = None) -> dict | None:
     """Run this rank's turns into ``opts.out``; rank 0 also merges and returns the summary (else None).
 
-    ``session``: reuse a built Session (its settings are restored afterwards); ``drafter_factory``:
+    ``session``: reuse a built Session (left unchanged: per-call settings are overrides); ``drafter_factory``:
     (session, prompt_ids, turn) -> drafter, default ``session.make_drafter(prompt_ids)``.
     """
     from eagle_ms.bench.summary import write_report
@@ -290,18 +289,13 @@ def run_bench(cfg, opts: BenchOptions, session=None, drafter_factory: DrafterFac
         mode = session.mode if session is not None else decode_mode(cfg)
         trace.write_json(os.path.join(opts.out, trace.MANIFEST), build_manifest(cfg, mode, opts, turns))
     counts = {"turns": len(mine), "ok": 0, "failed": 0, "skipped": 0, "mismatched": 0, "error": None}
-    saved = None
     try:  # the marker is written even when this rank dies, so rank 0 does not wait for it in vain
         session = session or Session(cfg)
-        saved = session.settings
-        session.settings = dataclasses.replace(saved, run_dir=opts.out)
         counts.update(_run_turns(session, questions, mine, opts, drafter_factory or default_drafter))
     except Exception as exc:  # noqa: BLE001 - recorded in the marker, then re-raised
         counts["error"] = f"{type(exc).__name__}: {exc}"
         raise
     finally:
-        if saved is not None:
-            session.settings = saved
         trace.write_rank_marker(opts.out, opts.rank, {"world_size": opts.world_size, **counts,
                                                       "elapsed_s": time.monotonic() - t_start})
     if opts.rank != 0:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from mindspore import nn
 
-from eagle_ms.attention import make_attention
-from eagle_ms.cache import KVCache
+from eagle_ms.models.attention import make_attention
+from eagle_ms.models.kv_cache import KVCache
 from eagle_ms.models.layers import Linear, apply_rope
 
 

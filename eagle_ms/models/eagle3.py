@@ -1,6 +1,6 @@
 """EAGLE-3 draft model as MindSpore Cells: one decoder layer over [token embedding; fused teacher feature].
 
-Architecture (SafeAILab ``cnets.py`` / SGLang / vLLM ``LlamaForCausalLMEagle3``; anchors.md §2.1):
+Architecture (SafeAILab ``cnets.py`` / SGLang / vLLM ``LlamaForCausalLMEagle3``; docs/eagle3_format.md):
 
     feature  = fc(teacher_aux)          teacher_aux [B,N,3*Ht] (low|mid|high)  -- "extend" inputs only
              | own hidden               the draft's previous pre-norm output [B,N,H]  -- "expand" inputs
@@ -40,13 +40,14 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import initializer
 
-from eagle_ms.cache import flat_rows
+from eagle_ms.models.kv_cache import flat_rows
+from eagle_ms.config import fail
 from eagle_ms.models.attention_layer import CachedAttention
 from eagle_ms.models.layers import DTYPES, MLP, Linear, RMSNorm, Rotary
 
 
 def _fail(key: str, value, why: str) -> None:
-    raise ValueError(f"draft config '{key}' = {value!r}: {why}")
+    fail(key, value, why, kind="draft config")
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import mindspore as ms
 from mindspore import Parameter, nn, ops
 from mindspore.common.initializer import Normal, initializer
 
-from eagle_ms.cache import CacheMover, flat_rows
+from eagle_ms.models.kv_cache import CacheMover, flat_rows
 from eagle_ms.config import ModelConfig
 from eagle_ms.models.attention_layer import CachedAttention
 from eagle_ms.models.layers import DTYPES, MLP, Linear, RMSNorm, Rotary

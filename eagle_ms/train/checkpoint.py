@@ -14,6 +14,8 @@ import shutil
 
 import mindspore as ms
 
+from eagle_ms.files import replace_dir
+
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -37,15 +39,13 @@ def save_train_state(ckpt_dir: str, optimizer, step: int, history: dict, extra: 
                      keep: int = 2) -> str:
     """Write ``step-<step>`` atomically; prune older ones beyond ``keep``. Returns its path."""
     os.makedirs(ckpt_dir, exist_ok=True)
-    final = os.path.join(ckpt_dir, f"step-{step}")
-    tmp = final + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    ms.save_checkpoint(optimizer, os.path.join(tmp, "optimizer.ckpt"))
-    with open(os.path.join(tmp, "state.json"), "w", encoding="utf-8") as fh:
-        json.dump({"step": step, "history": history, **(extra or {})}, fh)
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
+
+    def build(tmp: str) -> None:
+        ms.save_checkpoint(optimizer, os.path.join(tmp, "optimizer.ckpt"))
+        with open(os.path.join(tmp, "state.json"), "w", encoding="utf-8") as fh:
+            json.dump({"step": step, "history": history, **(extra or {})}, fh)
+
+    final = replace_dir(os.path.join(ckpt_dir, f"step-{step}"), build)
     for old in _complete_steps(ckpt_dir)[:-keep]:
         shutil.rmtree(os.path.join(ckpt_dir, f"step-{old}"), ignore_errors=True)
     return final

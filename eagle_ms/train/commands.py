@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import sys
 
+from eagle_ms.cli_args import add_config_args, config_path, overrides
+
 
 def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
@@ -18,7 +20,7 @@ def cmd_regenerate(args) -> int:
     from eagle_ms.runtime import setup_context
     from eagle_ms.train.regenerate import RegenOptions, run_regenerate, summary_dict
 
-    cfg = load_config(args.config, args.overrides_fn(args))
+    cfg = load_config(config_path(args), overrides(args))
     setup_context(cfg)
     opts = RegenOptions(out=args.out, data=args.data, limit=args.limit, batch_size=args.batch_size,
                         temperature=args.temperature, seed=args.sample_seed, max_turns=args.max_turns,
@@ -37,7 +39,7 @@ def cmd_preprocess(args) -> int:
         return 0
     from eagle_ms.config import load_config
 
-    cfg = load_config(args.config, args.overrides_fn(args))
+    cfg = load_config(config_path(args), overrides(args))
     worker_context(cfg)
     buckets = tuple(int(b) for b in args.buckets.split(",")) if args.buckets else None
     opts = PreprocessOptions(data=args.data, out=args.out, shard_size=args.shard_size, max_len=args.max_len,
@@ -77,7 +79,7 @@ def cmd_train_draft(args) -> int:
     from eagle_ms.train.draft_trainer import DraftTrainConfig, DraftTraining, draft_optim
     from eagle_ms.train.preprocess import worker_context
 
-    cfg = load_config(args.config, args.overrides_fn(args))
+    cfg = load_config(config_path(args), overrides(args))
     tc = DraftTrainConfig(
         out=args.out, work_dir=args.work_dir, data=args.data, online=args.online, vocab=args.vocab, init=args.init,
         steps=args.steps, stop_after=args.stop_after, batch_size=args.batch_size, max_len=args.max_len,
@@ -98,7 +100,7 @@ def cmd_train_draft(args) -> int:
     return 0
 
 
-def add_parsers(sub, add_config_args, overrides_fn) -> None:
+def add_parsers(sub) -> None:
     """Add the subcommands to ``sub`` (argparse subparsers of ``eagle-ms``)."""
     r = sub.add_parser("regenerate", help="the teacher answers the data's user turns itself (resumable JSONL)")
     add_config_args(r)
@@ -113,7 +115,7 @@ def add_parsers(sub, add_config_args, overrides_fn) -> None:
     r.add_argument("--max-turns", type=int, help="answer at most N user turns per conversation (default: all)")
     r.add_argument("--max-prompt-tokens", type=int, help="end a conversation at the first turn whose prompt is "
                    "longer (default: only the KV-cache limit); long multi-turn prompts dominate regeneration time")
-    r.set_defaults(func=cmd_regenerate, overrides_fn=overrides_fn)
+    r.set_defaults(func=cmd_regenerate)
 
     p = sub.add_parser("preprocess", help="teacher features of regenerated data into cached shards (msrun-aware)")
     add_config_args(p)
@@ -130,7 +132,7 @@ def add_parsers(sub, add_config_args, overrides_fn) -> None:
                    "shards, seconds (default: %(default)s)")
     p.add_argument("--rank", type=int, help="this worker's rank (default: $RANK_ID, set by msrun)")
     p.add_argument("--world-size", type=int, help="number of workers (default: $RANK_SIZE, set by msrun)")
-    p.set_defaults(func=cmd_preprocess, overrides_fn=overrides_fn)
+    p.set_defaults(func=cmd_preprocess)
 
     v = sub.add_parser("build-vocab", help="draft vocabulary (d2t/t2d) from assistant-token frequencies, cached")
     v.add_argument("--data", required=True, help="preprocessed directory (manifest.json) or regenerated JSONL")
@@ -180,4 +182,4 @@ def add_parsers(sub, add_config_args, overrides_fn) -> None:
     t.add_argument("--seed", type=int, default=0, dest="train_seed", help="draft init and data order (the "
                    "teacher's random weights use runtime.seed)")
     t.add_argument("--export-dtype", choices=["float32", "float16", "bfloat16"], default="float32")
-    t.set_defaults(func=cmd_train_draft, overrides_fn=overrides_fn)
+    t.set_defaults(func=cmd_train_draft)

@@ -1,4 +1,4 @@
-"""Streaming loader for ShareGPT-style conversations (draft-training data, issue 6 item 1).
+"""Streaming loader for ShareGPT-style conversations (draft-training data; docs/training.md).
 
 Two input formats, detected from the first non-blank character of the file:
 

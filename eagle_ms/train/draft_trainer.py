@@ -1,4 +1,4 @@
-"""EAGLE-3 draft training with training-time test (``eagle-ms train-draft``, issue 6 item 5).
+"""EAGLE-3 draft training with training-time test (``eagle-ms train-draft``; docs/training.md).
 
 Pieces: ``ttt`` (the unrolled draft, loss and eval Cells), ``ttt_data`` (sources, order, batches),
 ``ttt_metrics`` (held-out acceptance), ``optim`` (AdamW + warmup/cosine + clipping), ``checkpoint``

@@ -3,8 +3,8 @@
 Every cache key in ``eagle_ms.train`` is ``json_hash`` of a plain dict, so a key is reproducible from
 the values it names (sorted keys, no whitespace, UTF-8). The ingredients:
 
-* ``file_sha256(path)``: sha256 of a file's bytes, memoised per (path, size, mtime_ns) in a process
-  dict and, when ``memo_path`` is given, in a JSON file (hashing a 15 GB checkpoint once, not per run);
+* ``file_sha256(path, memo_path)`` (eagle_ms/files.py): sha256 of a file's bytes, memoised per (path,
+  size, mtime_ns) in a JSON file (hashing a 15 GB checkpoint once, not per run);
 * ``teacher_fingerprint(cfg)``: what determines the teacher's numbers: the architecture (every
   ``model.model_config`` field incl. compute dtype and aux layers), the weights (sha256 of every
   checkpoint file, or ``random:<seed>`` for seeded random weights) and the attention backend;
@@ -20,7 +20,8 @@ import os
 
 import numpy as np
 
-_MEMO: dict[tuple[str, int, int], str] = {}
+from eagle_ms.files import file_sha256
+
 CHECKPOINT_SUFFIXES = (".safetensors", ".json")
 
 
@@ -46,47 +47,6 @@ def array_hash(*arrays: np.ndarray) -> str:
         h.update(f"{arr.dtype.str}{arr.shape}".encode())
         h.update(arr.tobytes())
     return h.hexdigest()
-
-
-def file_sha256(path: str, memo_path: str | None = None) -> str:
-    """sha256 hex of a file, memoised on (absolute path, size, mtime_ns)."""
-    path = os.path.abspath(path)
-    st = os.stat(path)
-    key = (path, st.st_size, st.st_mtime_ns)
-    if key in _MEMO:
-        return _MEMO[key]
-    disk = _read_memo(memo_path)
-    disk_key = f"{path}|{st.st_size}|{st.st_mtime_ns}"
-    if disk_key in disk:
-        _MEMO[key] = disk[disk_key]
-        return disk[disk_key]
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            h.update(block)
-    _MEMO[key] = h.hexdigest()
-    if memo_path is not None:
-        disk[disk_key] = _MEMO[key]
-        _write_json_atomic(memo_path, disk)
-    return _MEMO[key]
-
-
-def _read_memo(memo_path: str | None) -> dict:
-    if memo_path is None or not os.path.isfile(memo_path):
-        return {}
-    try:
-        with open(memo_path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, json.JSONDecodeError):
-        return {}  # a damaged memo only costs a re-hash
-    return data if isinstance(data, dict) else {}
-
-
-def _write_json_atomic(path: str, obj) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(obj, fh, indent=1, sort_keys=True)
-    os.replace(tmp, path)
 
 
 def checkpoint_files(checkpoint: str) -> list[str]:

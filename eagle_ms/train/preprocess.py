@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 from mindspore import Tensor, nn
 
+from eagle_ms.files import write_json_atomic
 from eagle_ms.train import shards as sh
 from eagle_ms.train.hashing import array_hash, json_hash, teacher_fingerprint, tokenizer_fingerprint
 from eagle_ms.train.jsonl import read_records
@@ -167,9 +168,8 @@ class FeatureExtractor:
     @classmethod
     def from_config(cls, cfg, max_len: int | None = None, buckets=None, min_bucket: int = 64,
                     feature_dtype: str = "float16") -> "FeatureExtractor":
-        from eagle_ms.attention import choose_backend
-        from eagle_ms.runtime import decode_mode
-        from eagle_ms.weights import build_teacher
+        from eagle_ms.models.attention import choose_backend
+        from eagle_ms.runtime import build_teacher, decode_mode
 
         backend = choose_backend(decode_mode(cfg), cfg.runtime.device_target)
         max_len = max_len or cfg.runtime.seq_length
@@ -243,14 +243,6 @@ def _fail_hook(rank: int, written: int) -> None:
         os._exit(parts[2] if len(parts) > 2 else 17)
 
 
-def _atomic_json(path: str, obj) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(obj, fh, indent=1)
-    os.replace(tmp, path)
-
-
 # ------------------------------------------------------------------------------------ the run
 
 def fingerprint(cfg, opts: PreprocessOptions, extractor: FeatureExtractor) -> dict:
@@ -281,7 +273,7 @@ def run_preprocess(cfg, opts: PreprocessOptions, rank: int = 0, world: int = 1, 
     except MissingShardsError:
         raise
     except Exception as exc:  # leave a receipt so rank 0 stops waiting for this rank's shards
-        _atomic_json(failed_receipt, {"rank": rank, "error": f"{type(exc).__name__}: {exc}"})
+        write_json_atomic(failed_receipt, {"rank": rank, "error": f"{type(exc).__name__}: {exc}"})
         raise
 
 
@@ -324,7 +316,7 @@ def _run(cfg, opts, rank, world, extractor, log, started) -> dict:
         _fail_hook(rank, len(computed))
     report = {"rank": rank, "world": world, "computed": computed, "reused": reused,
               "seconds": time.time() - started}
-    _atomic_json(os.path.join(opts.out, REPORT_DIR, f"rank-{rank}.json"), report)
+    write_json_atomic(os.path.join(opts.out, REPORT_DIR, f"rank-{rank}.json"), report)
     log(f"[preprocess rank {rank}/{world}] done: {len(computed)} shards computed, {len(reused)} reused")
     if rank != 0:
         return {"report": report}

@@ -47,7 +47,7 @@ from mindspore import Tensor, ops
 from eagle_ms.teacher import causal_chunk_mask
 
 
-class Session(Protocol):
+class TurnSource(Protocol):
     """One conversation being answered turn by turn."""
 
     rng: np.random.Generator | None  # sampling stream (None: greedy)
@@ -61,7 +61,7 @@ class Session(Protocol):
 
 @dataclass
 class _Row:
-    session: Session
+    session: TurnSource
     feed: np.ndarray  # prompt tokens not yet in the cache
     length: int = 0  # committed slots [0, length)
     root: int = -1  # last chosen token, not yet in the cache (decode phase)
@@ -106,7 +106,7 @@ class BatchDecoder:
         return self.scratch
 
     # ------------------------------------------------------------------ scheduling
-    def run(self, sessions: Iterator[Session], on_finished: Callable[[Session], None]) -> DecodeStats:
+    def run(self, sessions: Iterator[TurnSource], on_finished: Callable[[TurnSource], None]) -> DecodeStats:
         """Answer every turn of every session; ``on_finished(session)`` as each conversation completes."""
         rows: list[_Row | None] = [None] * self.batch
         pending = iter(sessions)
@@ -127,7 +127,7 @@ class BatchDecoder:
                 if row is not None and row.stop is not None:
                     rows[b] = self._next_turn(row, on_finished)
 
-    def _start(self, pending: Iterator[Session], on_finished) -> tuple[_Row | None, bool]:
+    def _start(self, pending: Iterator[TurnSource], on_finished) -> tuple[_Row | None, bool]:
         """A row for the next session that has a prompt; (None, True) when no session is left."""
         for session in pending:
             prompt = session.next_prompt()
@@ -146,7 +146,7 @@ class BatchDecoder:
             return None
         return self._row(row.session, prompt)
 
-    def _row(self, session: Session, prompt) -> _Row:
+    def _row(self, session: TurnSource, prompt) -> _Row:
         prompt = np.asarray(prompt, dtype=np.int32)
         if prompt.ndim != 1 or prompt.size < 1 or prompt.size + 1 > self.max_context:
             raise ValueError(f"prompt of {prompt.size} tokens does not fit max_context {self.max_context} "

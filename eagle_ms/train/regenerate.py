@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from eagle_ms.files import write_json_atomic
 from eagle_ms.train.data import ShareGPTStream, sharegpt_package_path
 from eagle_ms.train.hashing import json_hash, teacher_fingerprint, tokenizer_fingerprint
 from eagle_ms.train.jsonl import JsonlAppender, open_resumable
@@ -236,16 +237,13 @@ def check_meta(path: str, meta: dict) -> None:
             raise ValueError(f"{path}: the existing output was made with different {diff}; write to a new --out "
                              "file (one regenerated file = one teacher and one decoding setting)")
         return
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(meta, fh, indent=1, ensure_ascii=False)
-    os.replace(tmp, path)
+    write_json_atomic(path, meta)
 
 
 def run_regenerate(cfg, opts: RegenOptions, model=None, log=print) -> RegenSummary:
     """Regenerate ``opts.data`` into ``opts.out`` (resumable). ``model``: a prebuilt teacher Cell (tests)."""
-    from eagle_ms.attention import choose_backend
-    from eagle_ms.runtime import decode_mode, load_tokenizer
+    from eagle_ms.models.attention import choose_backend
+    from eagle_ms.runtime import build_teacher, decode_mode, load_tokenizer
     from eagle_ms.train.regen_batch import BatchDecoder
 
     tokenizer, template = load_tokenizer(cfg)
@@ -262,8 +260,6 @@ def run_regenerate(cfg, opts: RegenOptions, model=None, log=print) -> RegenSumma
         log(f"[regenerate] cut a partial last line ({state.repaired_bytes} bytes) off {opts.out}")
     done = {r["id"] for r in state.records}
     if model is None:
-        from eagle_ms.weights import build_teacher
-
         model = build_teacher(cfg.model, cfg.checkpoint, batch, cfg.runtime.seq_length, backend, cfg.runtime.seed)
     composer = ChatComposer(tokenizer, template)
     stops = {cfg.model.eos_token_id, composer.eos} if cfg.generation.stop_on_eos else set()

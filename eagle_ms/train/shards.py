@@ -34,8 +34,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from eagle_ms.files import write_json_atomic
 from eagle_ms.train.hashing import array_hash, json_hash
-from eagle_ms.weights import CheckpointError, SafetensorsFile, float32_to_bf16_bits, write_safetensors
+from eagle_ms.safetensors_format import CheckpointError, SafetensorsFile, float32_to_bf16_bits, write_safetensors
 
 FORMAT = "eagle_ms.features.v1"
 MANIFEST = "manifest.json"
@@ -162,12 +163,7 @@ def read_shard(path: str, verify: bool = False) -> tuple[list[SampleFeatures], n
 # ------------------------------------------------------------------------------------ manifest + reader
 
 def write_manifest(out_dir: str, manifest: dict) -> str:
-    path = os.path.join(out_dir, MANIFEST)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(manifest, fh, indent=1, ensure_ascii=False)
-    os.replace(tmp, path)
-    return path
+    return write_json_atomic(os.path.join(out_dir, MANIFEST), manifest)
 
 
 def load_manifest(out_dir: str) -> dict:

@@ -1,4 +1,4 @@
-"""Causal-LM training of a Pangu-architecture teacher from scratch (the demo teacher, issue 7).
+"""Causal-LM training of a Pangu-architecture teacher from scratch (the demo teacher; eagle_ms/assets/demo/MODEL_CARD.md).
 
 Data: chat conversations rendered with the teacher's chat template (``encode_chat``), concatenated
 into one token stream (packing); every ``holdout_every``-th conversation goes to a held-out stream.
@@ -20,6 +20,7 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from eagle_ms.config import ModelConfig
+from eagle_ms.files import atomic_write
 from eagle_ms.models.pangu import PanguForCausalLM, PanguFullSequence
 from eagle_ms.train.checkpoint import latest_step, load_train_state, save_train_state
 from eagle_ms.train.optim import OptimConfig, TrainStep, lr_schedule, make_optimizer, trainable
@@ -78,10 +79,7 @@ def cached_token_streams(conversations_fn, tokenizer, template, holdout_every: i
         with np.load(path) as z:
             return z["train"], z["heldout"]
     train, held = token_streams(conversations_fn(), tokenizer, template, holdout_every)
-    os.makedirs(cache_dir, exist_ok=True)
-    tmp = path + ".tmp.npz"
-    np.savez(tmp, train=train, heldout=held)
-    os.replace(tmp, path)
+    atomic_write(path, lambda fh: np.savez(fh, train=train, heldout=held), binary=True)
     return train, held
 
 

@@ -1,4 +1,4 @@
-"""Training-time test (TTT) of the EAGLE-3 draft as static-shape MindSpore Cells (paper-notes §10.4).
+"""Training-time test (TTT) of the EAGLE-3 draft as static-shape MindSpore Cells (docs/training.md).
 
 Notation (one sample of T tokens, the trainer pads it to a length bucket; padding comes last):
 ``ids[t]`` tokens, ``aux[t]`` the teacher's low|mid|high features at t, ``P[t]`` the teacher's

@@ -5,7 +5,7 @@ Counting: target-token frequencies over assistant (loss-masked) positions of the
 ``input_ids``/``loss_mask``, so after the ``max_len`` cut) or a regenerated JSONL (``ids`` /
 ``assistant_mask``).
 
-Mapping (EAGLE-3 convention, anchors.md §2.4): rank every target id by (count descending, id
+Mapping (the EAGLE-3 convention, docs/eagle3_format.md): rank every target id by (count descending, id
 ascending) -- ties go to the lower id, and unseen ids (count 0) fill the list when fewer than N ids
 occur -- keep the first N, sort them ascending: ``used [N]``. Then
 
@@ -35,7 +35,7 @@ import numpy as np
 
 from eagle_ms.train.hashing import file_sha256, json_hash
 from eagle_ms.train.jsonl import read_records
-from eagle_ms.weights import SafetensorsFile, write_safetensors
+from eagle_ms.safetensors_format import SafetensorsFile, write_safetensors
 
 FORMAT = "eagle_ms.draft_vocab.v1"
 

@@ -2,7 +2,7 @@
 
 The single mask source is a bool tensor ``allowed [B, N, S]`` (True = query row may attend to cache
 slot), built on the host by ``eagle_ms.tree.verify_attention_mask`` (tree verify) or
-``eagle_ms.generate.causal_chunk_mask`` (prefill / decode). A backend converts it ONCE per forward at
+``eagle_ms.teacher.causal_chunk_mask`` (prefill / decode). A backend converts it ONCE per forward at
 the op boundary (``prepare_mask``) and every layer then calls ``attend`` with the converted mask:
 
 * ``EagerAttention``: matmul + softmax on any device; additive fp32 mask (0 keep / -1e30 drop).

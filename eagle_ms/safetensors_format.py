@@ -1,0 +1,155 @@
+"""The safetensors file format, read and written without torch, and the bfloat16 codec.
+
+A file is an 8-byte little-endian header length n, a JSON header of n bytes
+``{key: {"dtype": tag, "shape": [...], "data_offsets": [begin, end]}, "__metadata__": {...}}``, then the raw
+little-endian tensor data; offsets are relative to the start of the data section. ``SafetensorsFile``
+validates every header entry (known dtype tag, byte count = prod(shape) * itemsize, data inside the file)
+and reads one tensor at a time. BF16 has no NumPy dtype: it is read as uint16 bit patterns and widened by
+``uint16 -> uint32 << 16`` (exact), and written by round-to-nearest-even (``float32_to_bf16_bits``).
+``write_safetensors`` writes atomically (eagle_ms/files.py), data 8-byte aligned as the reference writer does.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from typing import Mapping
+
+import numpy as np
+
+from eagle_ms.files import atomic_write
+
+MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors format's own limit
+
+# safetensors dtype tag -> little-endian NumPy dtype (BF16 is read as raw uint16 bits, then widened)
+ST_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8", "I32": "<i4",
+             "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
+FLOAT_TAGS = ("F64", "F32", "F16", "BF16")
+SAVE_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint does not fit the model, or a file is missing, truncated or corrupt."""
+
+
+
+# ----------------------------------------------------------------------------------------------
+# safetensors format (read without torch; write ourselves so BF16 works too)
+# ----------------------------------------------------------------------------------------------
+
+class SafetensorsFile:
+    """Header of one safetensors file; ``read(key)`` returns one tensor (BF16 -> float32)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        if not os.path.isfile(path):
+            raise CheckpointError(f"safetensors file not found: {path}")
+        size = os.path.getsize(path)
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                raise CheckpointError(f"{path}: truncated safetensors file ({size} bytes, no header length)")
+            (n,) = struct.unpack("<Q", head)
+            if n > MAX_HEADER_BYTES or 8 + n > size:
+                raise CheckpointError(f"{path}: corrupt or truncated safetensors file (header length {n}, "
+                                      f"file size {size})")
+            raw = fh.read(n)
+        try:
+            header = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CheckpointError(f"{path}: corrupt safetensors header: {exc}") from None
+        if not isinstance(header, dict):
+            raise CheckpointError(f"{path}: corrupt safetensors header (not a JSON object)")
+        self.metadata = header.pop("__metadata__", None) or {}
+        self.data_start = 8 + n
+        self.tensors = {k: self._check_entry(k, v, size - self.data_start) for k, v in header.items()}
+
+    def _check_entry(self, key: str, info, data_size: int) -> tuple[str, tuple[int, ...], int, int]:
+        try:
+            tag, shape, (begin, end) = info["dtype"], tuple(int(s) for s in info["shape"]), info["data_offsets"]
+        except (TypeError, KeyError, ValueError) as exc:
+            raise CheckpointError(f"{self.path}: corrupt header entry for '{key}': {info!r} ({exc})") from None
+        if tag not in ST_DTYPES:
+            raise CheckpointError(f"{self.path}: tensor '{key}' has unsupported dtype {tag!r} "
+                                  f"(supported: {sorted(ST_DTYPES)})")
+        nbytes = math.prod(shape) * np.dtype(ST_DTYPES[tag]).itemsize
+        if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end) or end - begin != nbytes:
+            raise CheckpointError(f"{self.path}: tensor '{key}' ({tag}, shape {shape}) has bad data_offsets "
+                                  f"[{begin}, {end}] (expected {nbytes} bytes)")
+        if end > data_size:
+            raise CheckpointError(f"{self.path}: truncated: tensor '{key}' needs data bytes up to {end}, "
+                                  f"the file holds {data_size}")
+        return tag, shape, begin, end
+
+    def keys(self) -> list[str]:
+        return list(self.tensors)
+
+    def read(self, key: str) -> np.ndarray:
+        if key not in self.tensors:
+            raise CheckpointError(f"{self.path}: no tensor '{key}'")
+        tag, shape, begin, end = self.tensors[key]
+        with open(self.path, "rb") as fh:
+            fh.seek(self.data_start + begin)
+            buf = fh.read(end - begin)
+        if len(buf) != end - begin:  # the file shrank since the header was read
+            raise CheckpointError(f"{self.path}: truncated while reading '{key}'")
+        arr = np.frombuffer(buf, dtype=ST_DTYPES[tag]).reshape(shape)
+        if tag == "BF16":
+            return (arr.astype(np.uint32) << 16).view(np.float32)
+        return arr.astype(arr.dtype.newbyteorder("="), copy=True)
+
+
+def read_safetensors(path: str) -> dict[str, np.ndarray]:
+    """All tensors of one file (BF16 -> float32)."""
+    f = SafetensorsFile(path)
+    return {k: f.read(k) for k in f.keys()}
+
+
+def float32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns (uint16), round to nearest even; NaN stays NaN."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = ((u + (0x7FFF + ((u >> 16) & 1))) >> 16).astype(np.uint16)
+    return np.where(np.isnan(x), np.uint16(0x7FC0), rounded)
+
+
+def _encode(arr: np.ndarray, float_dtype: str | None) -> tuple[str, np.ndarray]:
+    """(safetensors tag, little-endian array to write) for ``arr``; floats cast to ``float_dtype``."""
+    arr = np.asarray(arr)
+    if arr.dtype.kind == "f" and float_dtype is not None:
+        tag = SAVE_DTYPES[float_dtype]
+        if tag == "BF16":
+            return tag, float32_to_bf16_bits(arr.astype(np.float32))
+        arr = arr.astype(ST_DTYPES[tag])
+    for tag, np_dtype in ST_DTYPES.items():
+        if tag != "BF16" and np.dtype(np_dtype).kind == arr.dtype.kind and \
+                np.dtype(np_dtype).itemsize == arr.dtype.itemsize:
+            return tag, arr.astype(np_dtype)
+    raise CheckpointError(f"cannot store dtype {arr.dtype} in safetensors")
+
+
+def write_safetensors(path: str, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None,
+                      float_dtype: str | None = None) -> int:
+    """Write ``tensors`` (floats cast to ``float_dtype`` if given) atomically; returns the data bytes."""
+    if float_dtype is not None and float_dtype not in SAVE_DTYPES:
+        raise ValueError(f"float_dtype {float_dtype!r} must be one of {sorted(SAVE_DTYPES)}")
+    header, blobs, offset = {}, [], 0
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    for key, value in tensors.items():
+        tag, arr = _encode(value, float_dtype)
+        header[key] = {"dtype": tag, "shape": list(arr.shape), "data_offsets": [offset, offset + arr.nbytes]}
+        blobs.append(arr)
+        offset += arr.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)  # data starts 8-byte aligned, as the reference writer does
+
+    def write(fh):
+        fh.write(struct.pack("<Q", len(raw)) + raw)
+        for arr in blobs:
+            fh.write(np.ascontiguousarray(arr).tobytes())
+
+    atomic_write(path, write, binary=True)
+    return offset
+
+
