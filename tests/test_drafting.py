@@ -328,7 +328,7 @@ def spy_expand(drafter):
 
     def spy(depth, parent_rows, tokens):
         lp, ids = inner(depth, parent_rows, tokens)
-        records.append((depth, np.array(parent_rows), np.array(tokens), lp, ids, drafter._prev[0].copy()))
+        records.append((depth, np.array(parent_rows), np.array(tokens), lp, ids, drafter._prev.hidden.copy()))
         return lp, ids
     drafter._expand = spy
     return records
@@ -344,11 +344,11 @@ def test_drafter_equals_whole_sequence_recompute(setup, pi, window, windows):
     drafter = setup.drafter(params, window, windows=windows)
     pair_tokens, pair_feats, root = drive(setup, drafter, seed=20 + pi)
     if windows:
-        assert drafter._width(drafter.length) == drafter.scratch + 32 < CAP  # a narrow window really ran
+        assert drafter._mask_width(drafter.length) == drafter.scratch + 32 < CAP  # a narrow window really ran
     ref = Recompute(setup, pair_tokens, pair_feats, window)
     # the root pair's output (after chunked begin + observes) == recompute over all committed pairs
     full, hid = ref.run(())
-    _, lp, ids, hidden = drafter._root
+    lp, ids, hidden = drafter._root.logprob, drafter._root.target_ids, drafter._root.hidden
     assert rel_err(hidden, hid) < 1e-4
     assert rel_err(lp, full[ids]) < 1e-4
     np.testing.assert_array_equal(ids, np.argsort(-full, kind="stable")[:K])
@@ -379,7 +379,7 @@ def test_observe_of_several_steps_at_once_equals_recompute(setup):
     long = 2 * (params.max_depth + 1) + 2  # A: the call carries A + 1 tokens
     pair_tokens, pair_feats, root = drive(setup, drafter, seed=61, observes=((2,), (long,), (1,)))
     full, hid = Recompute(setup, pair_tokens, pair_feats, None).run(())
-    _, lp, ids, hidden = drafter._root
+    lp, ids, hidden = drafter._root.logprob, drafter._root.target_ids, drafter._root.hidden
     assert rel_err(hidden, hid) < 1e-4
     assert rel_err(lp, full[ids]) < 1e-4
     np.testing.assert_array_equal(ids, np.argsort(-full, kind="stable")[:K])
@@ -389,7 +389,7 @@ def test_window_changes_the_draft(setup):
     a, b = setup.drafter(PARAMS[0]), setup.drafter(PARAMS[0], window=2)
     drive(setup, a, seed=40)
     drive(setup, b, seed=40)
-    assert not np.allclose(a._root[3], b._root[3])
+    assert not np.allclose(a._root.hidden, b._root.hidden)
 
 
 def test_scratch_never_leaks_into_the_committed_region(setup):

@@ -6,7 +6,8 @@ from mindspore import Tensor
 from eagle_ms.models.pangu import PanguForCausalLM
 from eagle_ms.train.checkpoint import latest_step
 from eagle_ms.train.optim import OptimConfig
-from eagle_ms.train.teacher_lm import CausalLMLoss, LMTrainConfig, sample_batch, train_lm
+from eagle_ms.models.training import CausalLMLoss
+from eagle_ms.train.teacher_lm import LMTrainConfig, sample_batch, train_lm
 from eagle_ms.weights import load_state, random_teacher_state
 from helpers_models import TINY
 from numpy_reference import reference_forward

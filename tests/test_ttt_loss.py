@@ -18,7 +18,7 @@ from eagle_ms.draft_weights import load_draft_state, random_draft_state
 from eagle_ms.drafting import TreeParams
 from eagle_ms.eagle3_drafter import Eagle3Drafter
 from eagle_ms.models.eagle3 import Eagle3Config, Eagle3Draft
-from eagle_ms.train.ttt import TeacherTargets, TTTDraft, TTTEval, TTTLoss
+from eagle_ms.models.ttt import TeacherTargets, TTTDraft, TTTEval, TTTLoss
 
 CFG = Eagle3Config(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
                    vocab_size=64, draft_vocab_size=40, target_hidden_size=24, aux_layer_ids=(0, 1, 2))
@@ -180,8 +180,8 @@ def test_ttt_steps_equal_the_inference_drafter_chain(case):
     ids, aux = c["ids"][b].astype(np.int64), c["aux"][b]
     for j in (0, 3, T - 1 - STEPS):
         drafter.begin(ids[:j + 1], aux[:j + 1], int(ids[j + 1]))
-        assert _rel(drafter._root[3], hid[0, b, j]) < 1e-4
+        assert _rel(drafter._root.hidden, hid[0, b, j]) < 1e-4
         parent = np.zeros(1, np.int64)
         for depth in range(1, STEPS):
             drafter._expand(depth, parent, np.array([ids[j + 1 + depth]]))
-            assert _rel(drafter._prev[0][0], hid[depth, b, j]) < 1e-4, (j, depth)
+            assert _rel(drafter._prev.hidden[0], hid[depth, b, j]) < 1e-4, (j, depth)

@@ -28,8 +28,9 @@ from mindspore import Tensor, nn
 
 from eagle_ms.train import ttt_data as td
 from eagle_ms.train.checkpoint import latest_step, load_train_state, save_train_state
-from eagle_ms.train.optim import OptimConfig, TrainStep, lr_schedule, make_optimizer, trainable
-from eagle_ms.train.ttt import AllReduceSum, TeacherTargets, TTTDraft, TTTEval, TTTLoss
+from eagle_ms.models.training import TrainStep
+from eagle_ms.models.ttt import AllReduceSum, TeacherTargets, TTTDraft, TTTEval, TTTLoss
+from eagle_ms.train.optim import OptimConfig, lr_schedule, make_optimizer, trainable
 from eagle_ms.train.ttt_metrics import FIELDS, batch_counts, summarize
 
 EXPORT_DTYPES = ("float32", "float16", "bfloat16")

@@ -1,7 +1,7 @@
 """Optimiser pieces shared by the teacher LM trainer and the EAGLE-3 draft trainer.
 
-AdamW (MindSpore ``nn.AdamWeightDecay``) with linear warmup then cosine decay to ``min_lr_ratio``,
-global-norm gradient clipping, and one compiled train step.
+AdamW (MindSpore ``nn.AdamWeightDecay``) with linear warmup then cosine decay to ``min_lr_ratio``; the
+compiled train step (loss, grad, global-norm clipping, update) is eagle_ms/models/training.py ``TrainStep``.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import mindspore as ms
-from mindspore import Tensor, nn, ops
+from mindspore import Tensor, nn
 
 
 @dataclass(frozen=True)
@@ -53,30 +53,6 @@ def make_optimizer(params, cfg: OptimConfig) -> nn.Optimizer:
     groups = [g for g in groups if g["params"]]
     return nn.AdamWeightDecay(groups, learning_rate=Tensor(lr_schedule(cfg)), beta1=cfg.beta1, beta2=cfg.beta2,
                               eps=1e-8)
-
-
-class TrainStep(nn.Cell):
-    """loss, grad, clip, update in one graph: construct(*batch) -> loss (scalar fp32).
-
-    ``loss_net(*batch)`` returns a scalar loss; ``grad_reducer`` (optional) averages gradients across
-    data-parallel ranks before clipping.
-    """
-
-    def __init__(self, loss_net: nn.Cell, optimizer: nn.Optimizer, grad_clip: float, grad_reducer=None):
-        super().__init__(auto_prefix=False)
-        self.loss_net = loss_net
-        self.optimizer = optimizer
-        self.weights = optimizer.parameters
-        self.grad_fn = ops.value_and_grad(loss_net, None, self.weights)
-        self.grad_clip = grad_clip
-        self.grad_reducer = grad_reducer if grad_reducer is not None else ops.identity
-
-    def construct(self, *batch):
-        loss, grads = self.grad_fn(*batch)
-        grads = self.grad_reducer(grads)
-        grads = ops.clip_by_global_norm(grads, self.grad_clip)
-        loss = ops.depend(loss, self.optimizer(grads))
-        return loss
 
 
 def trainable(cell: nn.Cell) -> list[ms.Parameter]:

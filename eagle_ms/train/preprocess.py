@@ -36,9 +36,10 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from mindspore import Tensor, nn
+from mindspore import Tensor
 
 from eagle_ms.files import write_json_atomic
+from eagle_ms.models.training import TeacherFeatureNet
 from eagle_ms.train import shards as sh
 from eagle_ms.train.hashing import array_hash, json_hash, teacher_fingerprint, tokenizer_fingerprint
 from eagle_ms.train.jsonl import read_records
@@ -129,20 +130,6 @@ def load_samples(path: str, max_len: int, render=None, log=print) -> tuple[list[
 
 
 # ------------------------------------------------------------------------------------ teacher features
-
-class TeacherFeatureNet(nn.Cell):
-    """construct(input_ids [1,T], position_ids [1,T], attn_mask [1,T,T] bool) -> (hidden [1,T,H], aux [1,T,3H]).
-
-    The teacher's cache-free forward without the lm_head (its parameters are shared, never copied).
-    """
-
-    def __init__(self, teacher):
-        super().__init__()
-        self.teacher = teacher
-
-    def construct(self, input_ids, position_ids, attn_mask):
-        return self.teacher.hidden_states(input_ids, position_ids, None, attn_mask)
-
 
 def worker_context(cfg) -> None:
     """MindSpore context of one worker: like ``runtime.setup_context``, with msrun's ``DEVICE_ID`` on devices."""

@@ -16,14 +16,14 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-import mindspore as ms
-from mindspore import Tensor, nn, ops
+from mindspore import Tensor
 
 from eagle_ms.config import ModelConfig
 from eagle_ms.files import atomic_write
-from eagle_ms.models.pangu import PanguForCausalLM, PanguFullSequence
+from eagle_ms.models.pangu import PanguForCausalLM
+from eagle_ms.models.training import CausalLMLoss, TrainStep
 from eagle_ms.train.checkpoint import latest_step, load_train_state, save_train_state
-from eagle_ms.train.optim import OptimConfig, TrainStep, lr_schedule, make_optimizer, trainable
+from eagle_ms.train.optim import OptimConfig, lr_schedule, make_optimizer, trainable
 
 
 @dataclass(frozen=True)
@@ -40,21 +40,6 @@ class LMTrainConfig:
     holdout_every: int = 50
     seed: int = 0
     optim: OptimConfig = field(default_factory=OptimConfig)
-
-
-class CausalLMLoss(nn.Cell):
-    """Mean next-token cross entropy: construct(input_ids [B,T], labels [B,T]) -> scalar fp32."""
-
-    def __init__(self, teacher: PanguForCausalLM, seq_len: int):
-        super().__init__()
-        self.full = PanguFullSequence(teacher)
-        self.positions = Tensor(np.arange(seq_len, dtype=np.int32)[None])  # [1, T], broadcast over B
-        self.mask = Tensor(np.tril(np.ones((seq_len, seq_len), dtype=bool))[None])  # [1, T, T] causal
-
-    def construct(self, input_ids, labels):
-        logits, _ = self.full(input_ids, self.positions, self.mask)
-        vocab = logits.shape[-1]
-        return ops.cross_entropy(logits.reshape(-1, vocab), labels.reshape(-1))
 
 
 def token_streams(conversations, tokenizer, template, holdout_every: int) -> tuple[np.ndarray, np.ndarray]:

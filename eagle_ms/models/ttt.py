@@ -4,7 +4,7 @@ Notation (one sample of T tokens, the trainer pads it to a length bucket; paddin
 ``ids[t]`` tokens, ``aux[t]`` the teacher's low|mid|high features at t, ``P[t]`` the teacher's
 distribution at t (``softmax(hidden[t] @ lm_head.T)``, i.e. the distribution of token t+1),
 ``a[t]`` = teacher argmax at t, ``m[t] = loss_mask[t] and t2d[a[t]]`` (positions whose teacher argmax
-is outside the draft vocabulary are masked). Here ``loss_mask[t]`` is the batch mask of ttt_data.make_batch:
+is outside the draft vocabulary are masked). Here ``loss_mask[t]`` is the batch mask of eagle_ms/train/ttt_data.py make_batch:
 1 when the token *predicted* at t (token t+1) is an assistant token.
 
 Unrolled step i = 0 .. S-1 (S = ``ttt_steps``, default 7), row j = 0 .. T-1:

@@ -1,0 +1,68 @@
+"""Training-time graphs of the teacher and the generic train step (inference never builds these).
+
+* ``TrainStep``: loss, grad, (data-parallel gradient reduction), global-norm clipping and the optimiser
+  update in one compiled graph; shared by the teacher LM trainer and the EAGLE-3 draft trainer.
+* ``CausalLMLoss``: the teacher's next-token cross entropy over fixed windows (eagle_ms/train/teacher_lm.py).
+* ``TeacherFeatureNet``: the teacher's cache-free forward without the lm_head, the features of draft
+  training (eagle_ms/train/preprocess.py).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from mindspore import Tensor, nn, ops
+
+from eagle_ms.models.pangu import PanguForCausalLM, PanguFullSequence
+
+
+class TrainStep(nn.Cell):
+    """loss, grad, clip, update in one graph: construct(*batch) -> loss (scalar fp32).
+
+    ``loss_net(*batch)`` returns a scalar loss; ``grad_reducer`` (optional) averages gradients across
+    data-parallel ranks before clipping.
+    """
+
+    def __init__(self, loss_net: nn.Cell, optimizer: nn.Optimizer, grad_clip: float, grad_reducer=None):
+        super().__init__(auto_prefix=False)
+        self.loss_net = loss_net
+        self.optimizer = optimizer
+        self.weights = optimizer.parameters
+        self.grad_fn = ops.value_and_grad(loss_net, None, self.weights)
+        self.grad_clip = grad_clip
+        self.grad_reducer = grad_reducer if grad_reducer is not None else ops.identity
+
+    def construct(self, *batch):
+        loss, grads = self.grad_fn(*batch)
+        grads = self.grad_reducer(grads)
+        grads = ops.clip_by_global_norm(grads, self.grad_clip)
+        loss = ops.depend(loss, self.optimizer(grads))
+        return loss
+
+
+class CausalLMLoss(nn.Cell):
+    """Mean next-token cross entropy: construct(input_ids [B,T], labels [B,T]) -> scalar fp32."""
+
+    def __init__(self, teacher: PanguForCausalLM, seq_len: int):
+        super().__init__()
+        self.full = PanguFullSequence(teacher)
+        self.positions = Tensor(np.arange(seq_len, dtype=np.int32)[None])  # [1, T], broadcast over B
+        self.mask = Tensor(np.tril(np.ones((seq_len, seq_len), dtype=bool))[None])  # [1, T, T] causal
+
+    def construct(self, input_ids, labels):
+        logits, _ = self.full(input_ids, self.positions, self.mask)
+        vocab = logits.shape[-1]
+        return ops.cross_entropy(logits.reshape(-1, vocab), labels.reshape(-1))
+
+
+class TeacherFeatureNet(nn.Cell):
+    """construct(input_ids [1,T], position_ids [1,T], attn_mask [1,T,T] bool) -> (hidden [1,T,H], aux [1,T,3H]).
+
+    The teacher's cache-free forward without the lm_head (its parameters are shared, never copied).
+    """
+
+    def __init__(self, teacher):
+        super().__init__()
+        self.teacher = teacher
+
+    def construct(self, input_ids, position_ids, attn_mask):
+        return self.teacher.hidden_states(input_ids, position_ids, None, attn_mask)
