@@ -57,7 +57,7 @@ def _load_one(path: str) -> dict:
     except UnicodeDecodeError as exc:
         raise ValueError(f"config {path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except yaml.YAMLError as exc:
-        raise ValueError(f"config {path} is not valid YAML: {exc}") from None
+        raise ValueError(f"config {path} is not valid YAML: {_one_line(exc)}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -72,13 +72,25 @@ def _resolve_paths(data: dict, path: str) -> None:
             block[key] = resolve_path(block[key], path)
 
 
-def merge_into(a: Mapping, b: Mapping) -> dict:
-    """A copy of ``b`` with ``a`` merged in: ``a``'s values win, mappings present in both merge recursively."""
+def merge_into(a: Mapping, b: Mapping, where: str = "") -> dict:
+    """A copy of ``b`` with ``a`` merged in: ``a``'s values win, mappings present in both merge recursively.
+
+    A mapping merged onto a value that is not one (``generation: 5`` under ``generation.max_new_tokens``)
+    raises ValueError naming the key: the damaged value must not be silently replaced."""
     out = dict(b)
     for key, value in a.items():
-        out[key] = merge_into(value, out[key]) if isinstance(value, dict) and isinstance(out.get(key), dict) \
-            else value
+        name = f"{where}{key}"
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge_into(value, out[key], f"{name}.")
+        elif isinstance(value, dict) and out.get(key) is not None:
+            raise ValueError(f"config key '{name}' = {out[key]!r}: must be a mapping of keys (it gets {value!r})")
+        else:
+            out[key] = value
     return out
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())
 
 
 def read_yaml(path: str, _chain: tuple[str, ...] = ()) -> dict:
@@ -119,7 +131,7 @@ def parse_overrides(items) -> dict:
         try:
             out[key] = yaml.safe_load(value)
         except yaml.YAMLError as exc:
-            raise ValueError(f"override {item!r}: the value is not valid YAML ({exc})") from None
+            raise ValueError(f"override {item!r}: the value is not valid YAML ({_one_line(exc)})") from None
     return out
 
 

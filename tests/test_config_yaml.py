@@ -139,3 +139,9 @@ def test_stdout_carries_only_the_answer_and_no_directory_is_left(tmp_path):
     lines = proc.stdout.splitlines()
     assert len(lines) == 1 and json.loads(lines[0])["prompt_tokens"] == 3
     assert os.listdir(work) == []
+
+
+def test_an_override_does_not_hide_a_damaged_section(tmp_path):
+    bad = write(tmp_path / "bad.yaml", open(os.path.join(CONFIGS, "tiny.yaml")).read() + "generation: 5\n")
+    with pytest.raises(ValueError, match="'generation' = 5: must be a mapping"):
+        load_config(str(bad), {"generation.max_new_tokens": 2})
