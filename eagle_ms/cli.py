@@ -6,10 +6,11 @@ import json
 import sys
 
 from eagle_ms.cli_args import add_config_args, add_decode_flags, config_path, overrides
+from eagle_ms.token_ids import parse_token_ids
 
 def _encode_prompt(tokenizer, template, args) -> list[int]:
-    if args.prompt_ids:
-        return [int(x) for x in args.prompt_ids.split(",") if x.strip()]
+    if args.prompt_ids is not None:
+        return parse_token_ids(args.prompt_ids)
     if tokenizer is None:
         raise SystemExit("this config has no tokenizer.model_file: pass --prompt-ids 1,2,3 instead of --prompt")
     if args.raw:
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, KeyError) as exc:
+    except (ValueError, OSError, KeyError) as exc:  # OSError messages name the path
         print(f"eagle-ms {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

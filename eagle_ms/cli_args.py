@@ -13,8 +13,8 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
-from eagle_ms.config import (DECODE_MODES, DRAFTS, GenerationConfig, RuntimeConfig, SpeculativeConfig,
-                             parse_overrides)
+from eagle_ms.config import DECODE_MODES, DRAFTS, GenerationConfig, RuntimeConfig, SpeculativeConfig
+from eagle_ms.config_yaml import parse_overrides
 
 REPO_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 DEFAULT_CONFIG = os.path.join(REPO_CONFIGS, "demo.yaml")  # the shipped demo pair, in a source checkout

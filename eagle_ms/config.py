@@ -1,9 +1,10 @@
 """Typed, frozen configuration; MindFormers-style YAML is its serialised form.
 
-A YAML file is read with ``mindformers.MindFormerConfig`` (so ``base_config`` inheritance works as
-MindFormers users expect) and turned into the frozen dataclasses below. Every field is validated; a bad
-value raises ``ValueError`` naming the dotted key and the value. Unknown keys inside our sections raise
-too (a typo must not be silently ignored). Every key is documented in ``configs/README.md``.
+A YAML file is read with MindFormers' semantics (``base_config`` inheritance, ``--set`` overrides;
+eagle_ms/config_yaml.py) and turned into the frozen dataclasses below. Every field is validated; a bad
+value raises ``ValueError`` naming the dotted key and the value. Unknown keys inside our sections and
+unknown top-level sections raise too (a typo must not be silently ignored); the sections MindFormers'
+own runners use are accepted and ignored. Every key is documented in ``configs/README.md``.
 
 Sections (top level of the YAML):
   model.model_config   -> ModelConfig     (teacher architecture; openPangu / HF field names)
@@ -16,18 +17,19 @@ Sections (top level of the YAML):
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, NoReturn
 
 import numpy as np
 
+from eagle_ms.config_yaml import MINDFORMERS_SECTIONS, apply_overrides, read_yaml, resolve_path
 
 COMPUTE_DTYPES = ("float32", "float16", "bfloat16")
 DEVICES = ("CPU", "Ascend", "GPU")
 EXEC_MODES = ("graph", "pynative")
 DECODE_MODES = ("reference", "performance")
 DRAFTS = ("none", "test", "eagle3")
+SECTIONS = ("model", "tokenizer", "runtime", "generation", "speculative")
 
 
 def fail(key: str, value: Any, why: str, kind: str = "config key") -> NoReturn:
@@ -85,6 +87,8 @@ def check_draft_window(value: Any) -> None:
 
 def build_section(cls, data: Mapping[str, Any] | None, prefix: str):
     """Build dataclass ``cls`` from ``data``; unknown keys raise naming ``prefix.key``."""
+    if data is not None and not isinstance(data, Mapping):
+        fail(prefix, data, "must be a mapping of keys")
     data = dict(data or {})
     names = {f.name for f in fields(cls)}
     unknown = sorted(set(data) - names)
@@ -291,10 +295,23 @@ class EagleMsConfig:
 
 
 def config_from_dict(data: Mapping[str, Any], source: str | None = None) -> EagleMsConfig:
-    """Validate a plain dict (the YAML layout above) into an ``EagleMsConfig``."""
+    """Validate a plain dict (the YAML layout above) into an ``EagleMsConfig``. Relative paths are
+    resolved against ``source`` (eagle_ms/config_yaml.py ``resolve_path``)."""
+    unknown = sorted(set(data) - set(SECTIONS) - MINDFORMERS_SECTIONS)
+    if unknown:
+        import difflib
+
+        near = difflib.get_close_matches(unknown[0], SECTIONS, n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        fail(unknown[0], data[unknown[0]], f"unknown top-level section{hint}; eagle_ms reads {list(SECTIONS)}")
+    for name in SECTIONS:
+        if data.get(name) is not None and not isinstance(data[name], Mapping):
+            fail(name, data[name], "must be a mapping of keys")
     model_section = dict(data.get("model") or {})
     if "model_config" not in model_section:
         fail("model.model_config", None, "section is required")
+    if model_section["model_config"] is not None and not isinstance(model_section["model_config"], Mapping):
+        fail("model.model_config", model_section["model_config"], "must be a mapping of keys")
     mc = dict(model_section.pop("model_config") or {})
     mc.pop("type", None)  # MindFormers-style class tag, informational
     if isinstance(mc.get("aux_layer_ids"), list):
@@ -304,14 +321,14 @@ def config_from_dict(data: Mapping[str, Any], source: str | None = None) -> Eagl
     if model_section:
         key = sorted(model_section)[0]
         fail(f"model.{key}", model_section[key], "unknown key (known: model_config, checkpoint, arch)")
-    if source and checkpoint and not os.path.isabs(checkpoint):
-        checkpoint = _resolve_relative(checkpoint, source)
+    if source and isinstance(checkpoint, str):
+        checkpoint = resolve_path(checkpoint, source)
     tok = dict(data.get("tokenizer") or {})
-    if source and tok.get("model_file") and not os.path.isabs(tok["model_file"]):
-        tok["model_file"] = _resolve_relative(tok["model_file"], source)
+    if source and isinstance(tok.get("model_file"), str):
+        tok["model_file"] = resolve_path(tok["model_file"], source)
     spec = dict(data.get("speculative") or {})
-    if source and spec.get("draft_path") and not os.path.isabs(spec["draft_path"]):
-        spec["draft_path"] = _resolve_relative(spec["draft_path"], source)
+    if source and isinstance(spec.get("draft_path"), str):
+        spec["draft_path"] = resolve_path(spec["draft_path"], source)
     return EagleMsConfig(
         model=build_section(ModelConfig, mc, "model.model_config"),
         checkpoint=checkpoint,
@@ -323,43 +340,10 @@ def config_from_dict(data: Mapping[str, Any], source: str | None = None) -> Eagl
     )
 
 
-def _resolve_relative(path: str, source: str) -> str:
-    """Paths in a YAML are relative to the repository/package root the YAML lives under, else to the YAML."""
-    base = os.path.dirname(os.path.abspath(source))
-    for root in (os.path.dirname(base), base):
-        candidate = os.path.join(root, path)
-        if os.path.exists(candidate):
-            return candidate
-    return os.path.join(os.path.dirname(base), path)
-
-
-def parse_overrides(items) -> dict:
-    """``["runtime.seq_length=1024", ...]`` -> ``{"runtime.seq_length": 1024}`` (values parsed as YAML)."""
-    import yaml
-
-    out = {}
-    for item in items:
-        if "=" not in item:
-            raise ValueError(f"override {item!r}: expected KEY=VALUE, e.g. runtime.seq_length=1024")
-        key, value = item.split("=", 1)
-        out[key.strip()] = yaml.safe_load(value)
-    return out
-
-
 def load_config(path: str, overrides: Mapping[str, Any] | None = None) -> EagleMsConfig:
     """Read a MindFormers-style YAML (``base_config`` inheritance supported) and validate it.
 
     ``overrides`` maps dotted keys to values, e.g. ``{"speculative.budget": 32}``, as MindFormers'
-    ``merge_from_dict`` does.
+    ``merge_from_dict`` does; relative paths among them are resolved against ``path``.
     """
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"config file not found: {path}")
-    from mindformers.tools.register.config import MindFormerConfig  # heavy import, only when reading YAML
-
-    try:
-        cfg = MindFormerConfig(path)
-    except Exception as exc:  # yaml or inheritance errors: say which file
-        raise ValueError(f"cannot read config {path}: {exc}") from exc
-    if overrides:
-        cfg.merge_from_dict(dict(overrides))
-    return config_from_dict(cfg.to_dict(), source=path)
+    return config_from_dict(apply_overrides(read_yaml(path), dict(overrides or {})), source=path)

@@ -46,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from eagle_ms.bench.runner import build_prompt
-    from eagle_ms.config import load_config, parse_overrides
+    from eagle_ms.config import load_config
+    from eagle_ms.config_yaml import parse_overrides
     from eagle_ms.runtime import setup_context
     from eagle_ms.session import Session
 

@@ -67,7 +67,9 @@ class Session:
         return generate(self.runner, np.asarray(prompt_ids, dtype=np.int32), settings, drafter)
 
     def generate(self, prompt_ids, warm_up: bool = True) -> dict:
-        """Generate for one prompt; the JSON-ready report (tokens, timing, acceptance)."""
+        """Generate for one prompt; the JSON-ready report (tokens, timing, acceptance). A bad prompt is
+        refused before any graph is compiled."""
+        prompt_ids = self.runner.check_prompt(prompt_ids)
         if warm_up:
             self.warm_up()
         drafter = self.make_drafter(prompt_ids)

@@ -16,6 +16,7 @@ import numpy as np
 from mindspore import Tensor
 
 from eagle_ms.cache import BranchCache
+from eagle_ms.token_ids import check_token_ids
 from eagle_ms.tree import TreeTensors, verify_attention_mask
 
 
@@ -43,6 +44,7 @@ class TeacherRunner:
     def __init__(self, model, prefill_chunk: int, commit_width: int, attention_windows=None):
         self.model = model
         self.capacity = model.capacity
+        self.vocab_size = model.config.vocab_size
         self.prefill_chunk = prefill_chunk
         self.cache = BranchCache(self.capacity, model.make_mover(), commit_width)
         windows = sorted(set(attention_windows or ())) + [self.capacity]
@@ -78,6 +80,12 @@ class TeacherRunner:
                                  Tensor(slots[None].astype(np.int32)), Tensor(allowed[None]))
         return logits.asnumpy()[0], aux.asnumpy()[0]
 
+    def check_prompt(self, prompt_ids) -> np.ndarray:
+        """The prompt as int32 [P] if every id is in the vocabulary and it fits the cache, else ValueError."""
+        prompt_ids = check_token_ids(prompt_ids, self.vocab_size)
+        self.check_prompt_fits(prompt_ids.size)
+        return prompt_ids
+
     def check_prompt_fits(self, n_prompt: int) -> None:
         """Raise ValueError if a prompt of n_prompt tokens cannot be prefilled and decoded once."""
         chunk = self.prefill_chunk
@@ -90,9 +98,11 @@ class TeacherRunner:
                              f"runtime.seq_length is {self.capacity}")
 
     def prefill(self, prompt_ids: np.ndarray) -> TeacherOutput:
-        """Run the prompt through the cache in fixed chunks; commit it. Returns per-token outputs [P, ...]."""
-        prompt_ids = np.asarray(prompt_ids, dtype=np.int32)
-        self.check_prompt_fits(prompt_ids.size)
+        """Run the prompt through the cache in fixed chunks; commit it. Returns per-token outputs [P, ...].
+
+        Raises ValueError for an id outside the vocabulary (naming its position) or a prompt that does not
+        fit the cache, before any call."""
+        prompt_ids = self.check_prompt(prompt_ids)
         self.reset()
         chunk = self.prefill_chunk
         logits, aux = [], []
@@ -115,6 +125,7 @@ class TeacherRunner:
         ``allowed`` [N, W]: the verify mask if already built (W = ``self.attention_width(L + N)``).
         """
         assert tensors.committed_len == self.length, "tree tensorised for another committed length"
+        check_token_ids(tensors.tokens, self.vocab_size, "draft tree")
         if allowed is None:
             allowed = verify_attention_mask(tensors, self.attention_width(self.length + tensors.num_nodes))
         logits, aux = self._call(tensors.tokens, tensors.position_ids, tensors.cache_slots, allowed)

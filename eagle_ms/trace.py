@@ -192,7 +192,11 @@ def wait_for_ranks(run_dir: str, world_size: int, timeout_s: float, poll_s: floa
 
 def diff_runs(run_a: str, run_b: str) -> list[dict]:
     """Per turn (union of both runs, in turn order): do the generated tokens agree, and where do they
-    first diverge? Compares the EA tokens and the baseline tokens separately, and the prompts."""
+    first diverge? Compares the EA tokens and the baseline tokens separately, and the prompts.
+    A run directory that does not exist is a FileNotFoundError naming it."""
+    for run in (run_a, run_b):
+        if not os.path.isdir(run):
+            raise FileNotFoundError(f"run directory not found: {run}")
     a = {h["key"]: h for h, _ in read_traces(run_a)}
     b = {h["key"]: h for h, _ in read_traces(run_b)}
     if not a and not b:

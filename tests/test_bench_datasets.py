@@ -70,3 +70,11 @@ def test_missing_files_and_bad_arguments(tmp_path):
     assert [(t.key, t.turn, t.index) for t in turns] == [("a-5-1", 1, 0), ("a-5-2", 2, 1)]
     with pytest.raises(ValueError, match="rank 2"):
         shard_turns(turns, 2, 2)
+
+
+def test_binary_question_file_is_named(tmp_path):
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    (folder / "question.jsonl").write_bytes(_q(0).encode() + b"\n\x89PNG\r\n\x1a\n\xff\x00\x81")
+    with pytest.raises(DatasetError, match=r"bin/question.jsonl:2: not UTF-8 text"):
+        read_question_file(str(folder / "question.jsonl"), "bin")

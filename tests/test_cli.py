@@ -99,3 +99,36 @@ def test_default_config_outside_a_source_checkout_is_a_clear_error(tmp_path, mon
     monkeypatch.setattr(cli_args, "DEFAULT_CONFIG", str(tmp_path / "configs" / "demo.yaml"))
     with pytest.raises(FileNotFoundError, match="pass --config"):
         cli_args.default_config()
+
+
+@pytest.mark.parametrize("ids, message", [
+    ("1,-5,3", "prompt token at position 1 is -5: outside the model vocabulary [0, 8000)"),
+    ("1,2,8000", "prompt token at position 2 is 8000: outside the model vocabulary [0, 8000)"),
+    ("", "--prompt-ids is empty: give comma-separated token ids"),
+    (" , ", "--prompt-ids is empty"),
+    ("1,x,3", "--prompt-ids item 1 is 'x': not an integer"),
+])
+def test_bad_prompt_ids_are_refused_naming_position_and_value(ids, message, capsys):
+    from eagle_ms.cli import main
+
+    assert main(["generate", "--config", TINY, "--prompt-ids", ids, "--max-new-tokens", "2", "--json"]) == 2
+    out = capsys.readouterr()
+    assert message in out.err and out.out == "" and "Traceback" not in out.err
+
+
+def test_token_ids_are_checked_against_a_numpy_bound():
+    import numpy as np
+
+    from eagle_ms.token_ids import check_token_ids
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        ids = rng.integers(-3, 40, size=rng.integers(1, 12))
+        bad = np.flatnonzero((ids < 0) | (ids >= 32))
+        if bad.size:
+            with pytest.raises(ValueError, match=f"position {bad[0]} is {ids[bad[0]]}:"):
+                check_token_ids(ids, 32)
+        else:
+            assert check_token_ids(ids, 32).tolist() == ids.tolist()
+    with pytest.raises(ValueError, match="must be integers"):
+        check_token_ids(np.array([1.5]), 32)

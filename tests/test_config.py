@@ -1,4 +1,4 @@
-"""Config: YAML via MindFormerConfig (base_config inheritance), validation errors naming key and value,
+"""Config: YAML with base_config inheritance (eagle_ms/config_yaml.py), validation errors naming key and value,
 HF config.json round trip, and the shipped configs."""
 import json
 import os

@@ -86,3 +86,10 @@ def test_trace_diff(tmp_path, capsys):
     assert main(["trace", "diff", a, b]) == 1
     out = capsys.readouterr().out
     assert "DIFFER at 1: 6 vs 8" in out and "only in A" in out
+
+
+def test_trace_diff_against_a_missing_directory_says_so(tmp_path, capsys):
+    write_run(str(tmp_path / "a"))
+    assert main(["trace", "diff", str(tmp_path / "a"), str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert f"run directory not found: {tmp_path / 'nope'}" in err and "Traceback" not in err

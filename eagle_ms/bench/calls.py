@@ -23,7 +23,8 @@ def add_timing_args(parser) -> None:
 
 def timing_runner(args):
     """(config, warm-able TeacherRunner) from ``add_timing_args`` options, MindSpore context set."""
-    from eagle_ms.config import load_config, parse_overrides
+    from eagle_ms.config import load_config
+    from eagle_ms.config_yaml import parse_overrides
     from eagle_ms.runtime import build_runner, setup_context
 
     cfg = load_config(args.config, parse_overrides(args.set))

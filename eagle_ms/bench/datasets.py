@@ -81,21 +81,27 @@ def read_question_file(path: str, dataset: str) -> list[Question]:
         raise DatasetError(f"question file not found: {path} (expected <data-dir>/{dataset}/{QUESTION_FILE})")
     out: list[Question] = []
     seen: dict[int, int] = {}
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DatasetError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from None
-            q = _check_line(obj, where, dataset)
-            if q.question_id in seen:
-                raise DatasetError(f"{where}: duplicate question_id {q.question_id} "
-                                   f"(first on line {seen[q.question_id]})")
-            seen[q.question_id] = lineno
-            out.append(q)
+    with open(path, "rb") as fh:
+        raw_lines = fh.read().split(b"\n")
+    for lineno, raw in enumerate(raw_lines, 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DatasetError(f"{path}:{lineno}: not UTF-8 text ({exc.reason} at byte {exc.start} of the line); "
+                               "is this a question.jsonl file?") from None
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DatasetError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+        q = _check_line(obj, where, dataset)
+        if q.question_id in seen:
+            raise DatasetError(f"{where}: duplicate question_id {q.question_id} "
+                               f"(first on line {seen[q.question_id]})")
+        seen[q.question_id] = lineno
+        out.append(q)
     if not out:
         raise DatasetError(f"{path}: no questions")
     return out

@@ -45,6 +45,7 @@ import numpy as np
 from mindspore import Tensor, ops
 
 from eagle_ms.teacher import causal_chunk_mask
+from eagle_ms.token_ids import check_token_ids
 
 
 class TurnSource(Protocol):
@@ -84,6 +85,7 @@ class BatchDecoder:
                  refill_min: int = 1):
         self.model = model
         self.batch, self.capacity, self.chunk = model.batch, model.capacity, prefill_chunk
+        self.vocab_size = model.config.vocab_size
         if prefill_chunk < 1 or 2 * prefill_chunk >= self.capacity:
             raise ValueError(f"prefill_chunk {prefill_chunk} leaves no room in a KV cache of {self.capacity} slots: "
                              f"need 2 * prefill_chunk < runtime.seq_length (the last chunk is a scratch region)")
@@ -147,7 +149,7 @@ class BatchDecoder:
         return self._row(row.session, prompt)
 
     def _row(self, session: TurnSource, prompt) -> _Row:
-        prompt = np.asarray(prompt, dtype=np.int32)
+        prompt = check_token_ids(prompt, self.vocab_size)
         if prompt.ndim != 1 or prompt.size < 1 or prompt.size + 1 > self.max_context:
             raise ValueError(f"prompt of {prompt.size} tokens does not fit max_context {self.max_context} "
                              f"(runtime.seq_length {self.capacity} - prefill_chunk {self.chunk} scratch slots)")
