@@ -1,5 +1,5 @@
 """Preprocessing in one process: shard layout, features vs the teacher forward, cache reuse, online mode,
-rank 0's bounded wait. (The msrun runs are in test_preprocess_msrun.py.)"""
+rank 0's bounded wait; one writer per rank, duplicated record ids. (The msrun runs are in test_preprocess_msrun.py.)"""
 import json
 import os
 import threading
@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 
 from conftest import REPO
+from helpers_locks import held_elsewhere
 from eagle_ms.config import config_from_dict
+from eagle_ms.locks import OutputInUseError
 from eagle_ms.models.pangu import PanguFullSequence
 from eagle_ms.train import shards as sh
-from eagle_ms.train.preprocess import (DistEnv, FeatureExtractor, MissingShardsError, PreprocessOptions, distributed_env,
-                                       length_buckets, load_samples, run_preprocess)
+from eagle_ms.train.preprocess import (DistEnv, FeatureExtractor, MissingShardsError, PreprocessOptions,
+                                       distributed_env, length_buckets, load_samples, run_preprocess)
 from mindspore import Tensor
 
 TOKENIZER = os.path.join(REPO, "eagle_ms", "assets", "demo", "tokenizer.model")
@@ -156,3 +158,30 @@ def test_a_failed_rank_ends_rank0s_wait_early(tmp_path, extractor):
                        log=_quiet)
     timer.join()
     assert time.time() - t0 < 30 and err.value.missing == {1: 1, 3: 1}
+
+
+# ------------------------------------------------------------------------------ one writer, duplicated ids
+
+def test_a_second_writer_of_a_rank_or_a_rank_of_another_job_is_refused(tmp_path, extractor):
+    write_samples(tmp_path / "data.jsonl", 4)
+    out = str(tmp_path / "out")
+    for rank, world, job in ((0, 1, None), (1, 2, "msrun@h:7")):
+        with held_elsewhere("dir", out, rank=rank, world=world, job=job) as pid:
+            with pytest.raises(OutputInUseError, match=rf"{out} is being written by another .*pid {pid}"):
+                run_preprocess(CFG, _opts(tmp_path), extractor=extractor, log=_quiet)
+        assert os.listdir(out) == []  # no shard, no failure receipt in the other writer's directory
+
+
+def test_duplicated_record_ids_are_dropped_when_identical_and_refused_when_not(tmp_path):
+    path = tmp_path / "d.jsonl"
+    write_samples(path, 4)
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines + [lines[1]]) + "\n")  # r1 twice, as two writers of one run append it
+    samples, _ = load_samples(str(path), MAX_LEN, log=_quiet)
+    assert sorted(s.record_id for s in samples) == ["r0", "r1", "r2", "r3"]
+    other = json.loads(lines[2])
+    other["ids"][0] += 1
+    path.write_text("\n".join(lines + [json.dumps(other)]) + "\n")
+    with pytest.raises(ValueError, match=rf"{path}: record id 'r2' appears on line 3 and again, different, on line 5"):
+        load_samples(str(path), MAX_LEN, log=_quiet)
+

@@ -116,3 +116,18 @@ def test_vocab_from_a_preprocessed_directory(tmp_path):
     assert res.vocab.used.tolist() == [2, 3, 6] and res.vocab.t2d.size == V
     read, index = sh.read_shard(sh.shard_path(out, 0), verify=True)
     assert index.tolist() == [0, 1] and all(a.equals(b) for a, b in zip(read, samples))
+
+
+def test_a_regenerated_file_with_a_duplicated_id_is_counted_once_or_refused(tmp_path):
+    data = tmp_path / "regen.jsonl"
+    _regen_file(data, ROWS)
+    once = build_vocab(str(data), 3, str(tmp_path / "once.safetensors"), log=lambda m: None).vocab
+    with open(data, "a") as fh:  # what two writers of one run appended: the same record twice
+        fh.write(open(data).read().splitlines()[1] + "\n")
+    twice = build_vocab(str(data), 3, str(tmp_path / "twice.safetensors"), log=lambda m: None).vocab
+    assert twice.equals(once) and once.used.tolist() == [2, 3, 6]  # counted twice it would be [3, 5, 6]
+    with open(data, "a") as fh:  # the same id with another content: which one is right? refused
+        fh.write(json.dumps({"id": "c0", "index": 0, "ids": [7, 7], "assistant_mask": [1, 1]}) + "\n")
+    with pytest.raises(ValueError, match=rf"{data}: record id 'c0' appears on line 1 and again, different, on line 4"):
+        build_vocab(str(data), 3, str(tmp_path / "bad.safetensors"), log=lambda m: None)
+

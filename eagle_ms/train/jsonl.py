@@ -83,6 +83,34 @@ def read_records(path: str, log=None) -> list[dict]:
     return [record for _, record in _numbered_records(path, log)]
 
 
+def read_unique_records(path: str, log=None) -> list[dict]:
+    """``read_records``, with at most one record per ``id`` (an id names one conversation).
+
+    A later record whose ``id`` an earlier line already had is dropped when it is identical to that one
+    (what two writers of one deterministic run appended twice; reported through ``log``), and raises
+    ValueError naming the id, both lines and the file when it differs. Records without ``id`` are kept.
+    """
+    first: dict[str, tuple[int, dict]] = {}
+    records, dropped = [], 0
+    for n, record in _numbered_records(path, log):
+        key = record.get("id") if isinstance(record, dict) else None
+        if key is None:
+            records.append(record)
+            continue
+        if str(key) in first:
+            line, earlier = first[str(key)]
+            if record != earlier:
+                raise ValueError(f"{path}: record id {key!r} appears on line {line} and again, different, on "
+                                 f"line {n}: two runs wrote into this file; keep one record per id")
+            dropped += 1
+            continue
+        first[str(key)] = (n, record)
+        records.append(record)
+    if dropped and log is not None:
+        log(f"{path}: dropped {dropped} identical duplicate record(s) (same id written twice)")
+    return records
+
+
 class JsonlAppender:
     """Append records durably: one ``write`` per record (continued only after a short write), then fsync.
 
