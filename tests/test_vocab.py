@@ -131,3 +131,14 @@ def test_a_regenerated_file_with_a_duplicated_id_is_counted_once_or_refused(tmp_
     with pytest.raises(ValueError, match=rf"{data}: record id 'c0' appears on line 1 and again, different, on line 4"):
         build_vocab(str(data), 3, str(tmp_path / "bad.safetensors"), log=lambda m: None)
 
+
+def test_a_shard_that_is_not_the_listed_one_is_refused(tmp_path):
+    out = str(tmp_path / "features")
+    ids, mask = ROWS[0]
+    sample = sh.SampleFeatures(np.array(ids, np.int32), np.array(mask, bool), np.zeros((5, 6), np.float16),
+                               np.zeros((5, 2), np.float16))
+    entry = sh.write_shard(out, sh.ShardSpec(0, (0,)), "key-of-the-new-run", ["c0"], [sample], "float16")
+    sh.write_manifest(out, {"format": sh.FORMAT, "fingerprint": {}, "vocab_size": V,
+                            "shards": [{**entry, "key": "key-of-the-old-run"}]})
+    with pytest.raises(sh.StaleShardError, match=rf"{sh.shard_path(out, 0)}: shard 0 has key key-of-the-new-r"):
+        build_vocab(out, 3, str(tmp_path / "v.safetensors"), log=lambda m: None)

@@ -318,6 +318,8 @@ def _run(cfg, opts, rank, world, extractor, log, started) -> dict:
         if meta is not None and meta.get("key") == keys[spec.id]:
             reused.append(spec.id)
             continue
+        if not computed:  # from now on the directory mixes runs until rank 0 writes the new manifest
+            sh.invalidate_manifest(opts.out)
         feats = [extractor.extract(samples[i].input_ids, samples[i].loss_mask) for i in spec.samples]
         sh.write_shard(opts.out, spec, keys[spec.id], [samples[i].record_id for i in spec.samples], feats,
                        extractor.feature_dtype)
