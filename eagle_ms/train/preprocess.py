@@ -18,9 +18,11 @@ Distribution (see ``shards`` for the layout): rank r of W takes shards ``s % W =
 ``i % W == r``). Rank and world come from ``RANK_ID`` / ``RANK_SIZE``, which msrun exports; the msrun
 scheduler process (``MS_ROLE=MS_SCHED``) has nothing to do. No collective communication: ranks meet
 through the file system. Each rank holds its lock on the output directory for the whole run
-(``locks.lock_dir``): a second writer of a rank, or a rank of another job, is refused. Cache: a shard whose file exists with the expected key is reused; files
-appear by rename, so a killed rank leaves only ``*.tmp<pid>`` files (removed by its next run) and
-never a file that looks complete. Rank 0, after its own shards, waits (``wait_timeout`` seconds, polling)
+(``locks.lock_dir``): a second writer of a rank, or a rank of another job, is refused. Cache: a shard
+whose file exists with the expected key is reused; files appear by rename, so a killed rank leaves only
+``*.tmp<pid>`` files (removed by its next run) and never a file that looks complete. A rank removes
+``manifest.json`` before it rewrites its first shard, so an interrupted rerun never leaves an old
+manifest over mixed shards. Rank 0, after its own shards, waits (``wait_timeout`` seconds, polling)
 until every shard file exists with its key, then writes ``manifest.json``; on timeout, or as soon as
 every rank owning a missing shard has written a failure receipt, it raises ``MissingShardsError``
 naming each missing shard and its rank.
