@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; its expected failures -- bad values (ValueError, KeyError) and OS errors naming a
+    path (missing, read-only or full output locations, an output another process writes: OSError) --
+    are one ``eagle-ms <cmd>: error: ...`` line on stderr and exit code 2, without a traceback."""
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -3,18 +3,22 @@
 Every output a reader may see while it is being written (JSON sidecars, manifests, traces, checkpoints,
 safetensors files) goes through ``atomic_write``: the content goes to a temp file next to the target
 (``<path>.tmp-<pid>``), which is then renamed over the target, so a reader sees the old file or the
-whole new one, never half of it. On any failure the temp file is removed and the target is unchanged.
-``replace_dir`` does the same for a directory built in place (training checkpoints).
+whole new one, never half of it. On any failure the temp file is removed and the target is unchanged;
+an OS error (read-only or full file system, a path through a regular file) is re-raised naming the
+target. ``replace_dir`` does the same for a directory built in place (training checkpoints).
+``check_can_create`` tells, before hours of work, whether an output directory could be written.
 
 ``file_sha256`` hashes a file's bytes; with ``memo_path`` the digest is remembered in a JSON memo keyed
 by (absolute path, size, mtime_ns), so an unchanged multi-GB checkpoint is hashed once.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import shutil
+import tempfile
 from typing import IO, Any, Callable
 
 HASH_BLOCK = 1 << 20  # bytes read per hash update
@@ -28,7 +32,8 @@ def temp_path(path: str) -> str:
 def atomic_write(path: str, write: Callable[[IO], Any], binary: bool = False) -> str:
     """Run ``write(handle)`` on a temp file next to ``path``, then rename it to ``path``; returns ``path``.
 
-    Creates the parent directory. On an exception the temp file is removed and ``path`` is untouched.
+    Creates the parent directory. On an exception the temp file is removed and ``path`` is untouched; an
+    ``OSError`` with an errno comes back as the same kind of error naming ``path``.
     """
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     tmp = temp_path(path)
@@ -36,10 +41,21 @@ def atomic_write(path: str, write: Callable[[IO], Any], binary: bool = False) ->
         with open(tmp, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as handle:
             write(handle)
         os.replace(tmp, path)
+    except OSError as exc:
+        if exc.errno is None:
+            raise
+        raise OSError(exc.errno, exc.strerror, path) from exc  # e.g. "[Errno 28] No space left on device: 'x'"
     finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        _remove_quietly(tmp)
     return path
+
+
+def _remove_quietly(path: str) -> None:
+    """Remove a temp file if it is there; a failure here must not hide the error being handled."""
+    try:
+        os.remove(path)
+    except OSError:
+        pass
 
 
 def write_json_atomic(path: str, obj: Any, indent: int | None = 1, sort_keys: bool = False,
@@ -68,6 +84,27 @@ def replace_dir(final: str, build: Callable[[str], Any]) -> str:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def check_can_create(directory: str) -> None:
+    """Raise an ``OSError`` naming ``directory`` unless files can be written in it once it is created.
+
+    Creates nothing that stays: a temp file is made and removed in ``directory`` or, if it does not
+    exist yet, in its nearest existing ancestor (which must be a directory). This is a real write, so
+    it is right for root and for read-only mounts too, where permission bits tell nothing.
+    """
+    directory = os.path.abspath(directory)
+    probe = directory
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise NotADirectoryError(errno.ENOTDIR, f"cannot create {directory}: {probe} is not a directory")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=probe, prefix=".eagle-ms-probe-")
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot write {directory} ({exc.strerror} in {probe})") from exc
+    os.close(fd)
+    os.remove(tmp)
 
 
 def _sha256(path: str) -> str:

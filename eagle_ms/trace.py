@@ -14,6 +14,7 @@ Layout of a benchmark run directory (one process or many ranks writing into the 
     ranks/rank-<r>.json        written by each rank when it is done (its turns, failures, time)
     summary.json, summary.md   derived from traces only (``eagle-ms report`` rewrites them)
     plots/*.png
+    .lock-rank-<r>             while rank r runs: its lock (eagle_ms/locks.py; removed when it ends)
 
 A trace file is written once, when its turn ends (temp file + rename), so a reader never sees half of it.
 """

@@ -292,8 +292,6 @@ def draft_cases(work: str) -> list[Case]:
     def d2t(value):
         def damage(d):
             p = os.path.join(d, st)
-            import numpy as np
-
             from eagle_ms.safetensors_format import read_safetensors, write_safetensors
 
             t = read_safetensors(p)

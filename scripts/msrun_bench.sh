@@ -33,6 +33,7 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 [[ -n "$OUT" ]] || { echo "msrun_bench.sh: --out RUN_DIR is required" >&2; exit 2; }
+if [[ -x "$REPO/.venv/bin/python" ]]; then export PATH="$REPO/.venv/bin:$PATH"; fi  # msrun starts `python`
 
 if [[ -d "$OUT" && -n "$(ls -A "$OUT")" ]]; then
   if [[ $OVERWRITE -eq 0 ]]; then
@@ -43,11 +44,20 @@ if [[ -d "$OUT" && -n "$(ls -A "$OUT")" ]]; then
     echo "msrun_bench.sh: refusing to delete $OUT: it does not look like a run directory" >&2
     exit 2
   fi
+  # a run still writing there holds a rank lock (eagle_ms/locks.py): never delete under it
+  PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" python - "$OUT" <<'PY' || exit 2
+import sys
+from eagle_ms.locks import describe, holders
+busy = holders(sys.argv[1])
+for lock, holder in busy.items():
+    print(f"msrun_bench.sh: refusing to delete {sys.argv[1]}: a run is writing it ({describe(holder)}; {lock})",
+          file=sys.stderr)
+sys.exit(1 if busy else 0)
+PY
   rm -rf "$OUT"
 fi
 mkdir -p "$OUT"
 
-if [[ -x "$REPO/.venv/bin/python" ]]; then export PATH="$REPO/.venv/bin:$PATH"; fi  # msrun starts `python`
 export GLOG_v="${GLOG_v:-3}"
 PORT="${MASTER_PORT:-$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}"
 LOG_DIR="${LOG_DIR:-$OUT/msrun_logs}"

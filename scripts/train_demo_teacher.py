@@ -32,6 +32,7 @@ def main():
 
     import mindspore as ms
     from eagle_ms.config import load_config
+    from eagle_ms.files import check_can_create
     from eagle_ms.runtime import load_tokenizer
     from eagle_ms.train.data import load_sharegpt
     from eagle_ms.train.optim import OptimConfig
@@ -53,6 +54,8 @@ def main():
         files = save_teacher_checkpoint(teacher, cfg.model, args.export, dtype="float16")
         print(f"[export] step {step} -> {args.export}: {files}", flush=True)
         return
+    if args.export:
+        check_can_create(args.export)  # a bad --export fails now, not after the last step
     tokenizer, template = load_tokenizer(cfg)
 
     def conversations():

@@ -6,7 +6,10 @@
 - planted failures (a baseline crash, a corrupt draft tree, a changed EA token) land in failures/ or the
   mismatch list with the teacher's logit margin, and the run continues; a missing rank is reported;
 - 2 msrun workers give the same tokens per turn (and the same merged summary counts) as 1 process;
-- a 2-point sweep writes its table.
+- a 2-point sweep writes its table;
+- one writer per run directory: a run (or sweep) into a directory another process writes is refused
+  before it writes anything; an unwritable --out is a clear error; a failed summary write leaves no
+  temp file and the previous summary.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import subprocess
 import numpy as np
 import pytest
 from conftest import REPO, SHARED_DATA
+from helpers_locks import held_elsewhere
 
 import eagle_ms.tree
 import eagle_ms.tree_checks
@@ -266,3 +270,45 @@ def test_sweep_cli_two_budgets(data_dir, tmp_path):
     assert "| M4-D3-Wnone | 4 | 3 | none | 1 |" in open(os.path.join(out, "sweep.md")).read()
     assert main(["report", out]) == 0
     assert os.path.exists(os.path.join(out, "plots", "sweep_budget.png"))
+
+
+def test_a_run_dir_another_process_writes_is_refused_before_anything_is_written(data_dir, tmp_path, capsys):
+    out = str(tmp_path / "busy")
+    # the same rank of another run, then a rank of another job (a 2-worker run): both refused, nothing written
+    for rank, world in ((0, 1), (1, 2)):
+        with held_elsewhere("dir", out, rank=rank, world=world) as pid:
+            assert main(["bench", *_bench_args(data_dir, out)]) == 2
+            err = capsys.readouterr().err
+            assert err.startswith(f"eagle-ms bench: error: {out} is being written by another") and f"pid {pid}" in err
+            assert os.listdir(out) == [f".lock-rank-{rank}"]
+    sweep = str(tmp_path / "busy_sweep")
+    with held_elsewhere("dir", sweep) as pid:
+        assert main(["sweep", *_bench_args(data_dir, sweep), "--budgets", "4,8"]) == 2
+        assert f"{sweep} is being written by another process (pid {pid}" in capsys.readouterr().err
+        assert os.listdir(sweep) == [".lock-rank-0"]
+
+
+def test_an_unwritable_run_dir_is_a_clear_error(data_dir, tmp_path, capsys):
+    (tmp_path / "file").write_text("not a directory")  # below a regular file: not writable, even for root
+    out = str(tmp_path / "file" / "run")
+    assert main(["bench", *_bench_args(data_dir, out)]) == 2
+    assert capsys.readouterr().err.startswith(f"eagle-ms bench: error: [Errno 20] Not a directory: '{out}'")
+
+
+def test_a_failed_summary_write_leaves_no_temp_file_and_the_old_summary(smoke, tmp_path, monkeypatch):
+    import eagle_ms.bench.summary as summary
+
+    run = str(tmp_path / "copy")
+    shutil.copytree(smoke, run)
+    before = {name: open(os.path.join(run, name), "rb").read() for name in ("summary.json", "summary.md")}
+    real = summary.summarize
+    monkeypatch.setattr(summary, "summarize", lambda d: {**real(d), "unserialisable": object()})
+    with pytest.raises(TypeError):  # json.dump fails half-way through summary.json
+        summary.write_report(run, plots=False)
+    monkeypatch.setattr(summary, "summarize", real)
+    monkeypatch.setattr(summary, "render_markdown", lambda s: 1 / 0)
+    with pytest.raises(ZeroDivisionError):  # summary.md fails after its file was opened
+        summary.write_report(run, plots=False)
+    left = [os.path.join(d, f) for d, _, fs in os.walk(run) for f in fs if ".tmp" in f]
+    assert left == []
+    assert {name: open(os.path.join(run, name), "rb").read() for name in before} == before

@@ -132,3 +132,16 @@ def test_token_ids_are_checked_against_a_numpy_bound():
             assert check_token_ids(ids, 32).tolist() == ids.tolist()
     with pytest.raises(ValueError, match="must be integers"):
         check_token_ids(np.array([1.5]), 32)
+
+
+def test_an_os_error_naming_the_output_is_a_clear_error(tmp_path):
+    """--out below a regular file (a location even root cannot write): one error line naming it, exit 2."""
+    data = tmp_path / "regen.jsonl"
+    data.write_text(json.dumps({"id": "a", "ids": [1, 2, 3], "assistant_mask": [0, 1, 1]}) + "\n")
+    (tmp_path / "file").write_text("not a directory")
+    out = tmp_path / "file" / "vocab.safetensors"
+    proc = run_cli("build-vocab", "--data", str(data), "--draft-vocab-size", "2", "--vocab-size", "8",
+                   "--out", str(out))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("eagle-ms build-vocab: error: [Errno 20] Not a directory")
+    assert str(tmp_path / "file") in proc.stderr

@@ -6,7 +6,8 @@ greedy answers) -> ``run_preprocess`` (features) -> ``build_vocab`` (256 draft t
 a few hundred TTT steps lower the loss and lift held-out acceptance far above the untrained draft's
 (both evaluated by the trainer's evaluation); resume from a checkpoint == an uninterrupted run (bitwise);
 online mode == offline mode (default shard layout); the exported draft loads with draft_weights and is lossless in
-``eagle_ms.generate`` (and accepts tokens); runs from another teacher / vocabulary are refused.
+``eagle_ms.generate`` (and accepts tokens); runs from another teacher / vocabulary are refused; a work
+directory another process writes and an export directory that cannot be written are refused before step 1.
 """
 import json
 import os
@@ -15,9 +16,11 @@ import numpy as np
 import pytest
 
 from conftest import REPO
+from helpers_locks import held_elsewhere
 from eagle_ms.config import ModelConfig, config_from_dict
 from eagle_ms.draft_weights import load_draft_checkpoint
 from eagle_ms.generate import DecodeSettings, generate
+from eagle_ms.locks import OutputInUseError
 from eagle_ms.runtime import build_runner, eagle3_drafter_from_state
 from eagle_ms.train.draft_trainer import DraftTrainConfig, DraftTraining, draft_optim
 from eagle_ms.train.preprocess import PreprocessOptions, run_preprocess
@@ -169,3 +172,15 @@ def test_refusals(data, tmp_path):
         DraftTraining(other, train_config(data, str(tmp_path / "o2"), str(tmp_path / "w2")), log=quiet)
     with pytest.raises(ValueError, match="exactly one of"):
         train_config(data, "o", "w", online=data["regen"])
+
+
+def test_a_busy_work_dir_and_an_unwritable_out_are_refused_before_step_1(data, tmp_path):
+    work = str(tmp_path / "w")
+    with held_elsewhere("dir", work) as pid:
+        with pytest.raises(OutputInUseError, match=rf"{work} is being written by another process \(pid {pid}"):
+            DraftTraining(data["cfg"], train_config(data, str(tmp_path / "o"), work), log=quiet).run()
+    (tmp_path / "file").write_text("not a directory")  # an export location nobody can write, root included
+    out = tmp_path / "file" / "draft"
+    with pytest.raises(NotADirectoryError, match=f"cannot create {out}: {tmp_path / 'file'} is not a directory"):
+        DraftTraining(data["cfg"], train_config(data, str(out), work), log=quiet).run()
+    assert not os.path.exists(os.path.join(work, "checkpoints"))  # refused before any step was trained

@@ -1,7 +1,10 @@
 """Preprocessing in one process: shard layout, features vs the teacher forward, cache reuse, online mode,
-rank 0's bounded wait. (The msrun runs are in test_preprocess_msrun.py.)"""
+rank 0's bounded wait; one writer per rank, duplicated record ids, a manifest never left over shards of
+another run. (The msrun runs are in test_preprocess_msrun.py.)"""
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -9,11 +12,13 @@ import numpy as np
 import pytest
 
 from conftest import REPO
+from helpers_locks import held_elsewhere
 from eagle_ms.config import config_from_dict
+from eagle_ms.locks import OutputInUseError
 from eagle_ms.models.pangu import PanguFullSequence
 from eagle_ms.train import shards as sh
-from eagle_ms.train.preprocess import (DistEnv, FeatureExtractor, MissingShardsError, PreprocessOptions, distributed_env,
-                                       length_buckets, load_samples, run_preprocess)
+from eagle_ms.train.preprocess import (ENV_FAIL_AFTER, DistEnv, FeatureExtractor, MissingShardsError, PreprocessOptions,
+                                       distributed_env, length_buckets, load_samples, run_preprocess)
 from mindspore import Tensor
 
 TOKENIZER = os.path.join(REPO, "eagle_ms", "assets", "demo", "tokenizer.model")
@@ -23,6 +28,13 @@ CFG = config_from_dict({
                                "num_attention_heads": 4, "num_key_value_heads": 2, "eos_token_id": 4}},
     "tokenizer": {"model_file": TOKENIZER, "chat_template": "openpangu"},
     "runtime": {"seq_length": MAX_LEN, "prefill_chunk": 16}})
+YAML = f"""
+model:
+  model_config: {{vocab_size: 8000, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 3,
+                 num_attention_heads: 4, num_key_value_heads: 2, eos_token_id: 4}}
+tokenizer: {{model_file: {TOKENIZER}, chat_template: openpangu}}
+runtime: {{seq_length: {MAX_LEN}, prefill_chunk: 16}}
+"""  # CFG as a file, for the CLI
 
 
 def write_samples(path, n, seed=0, lengths=None):
@@ -156,3 +168,77 @@ def test_a_failed_rank_ends_rank0s_wait_early(tmp_path, extractor):
                        log=_quiet)
     timer.join()
     assert time.time() - t0 < 30 and err.value.missing == {1: 1, 3: 1}
+
+
+# ------------------------------------------------------------------------------ one writer, duplicated ids
+
+def test_a_second_writer_of_a_rank_or_a_rank_of_another_job_is_refused(tmp_path, extractor):
+    write_samples(tmp_path / "data.jsonl", 4)
+    out = str(tmp_path / "out")
+    for rank, world, job in ((0, 1, None), (1, 2, "msrun@h:7")):
+        with held_elsewhere("dir", out, rank=rank, world=world, job=job) as pid:
+            with pytest.raises(OutputInUseError, match=rf"{out} is being written by another .*pid {pid}"):
+                run_preprocess(CFG, _opts(tmp_path), extractor=extractor, log=_quiet)
+        assert os.listdir(out) == []  # no shard, no failure receipt in the other writer's directory
+
+
+def test_duplicated_record_ids_are_dropped_when_identical_and_refused_when_not(tmp_path):
+    path = tmp_path / "d.jsonl"
+    write_samples(path, 4)
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines + [lines[1]]) + "\n")  # r1 twice, as two writers of one run append it
+    samples, _ = load_samples(str(path), MAX_LEN, log=_quiet)
+    assert sorted(s.record_id for s in samples) == ["r0", "r1", "r2", "r3"]
+    other = json.loads(lines[2])
+    other["ids"][0] += 1
+    path.write_text("\n".join(lines + [json.dumps(other)]) + "\n")
+    with pytest.raises(ValueError, match=rf"{path}: record id 'r2' appears on line 3 and again, different, on line 5"):
+        load_samples(str(path), MAX_LEN, log=_quiet)
+
+
+# ------------------------------------------------------------------------------ stale manifest
+
+def _readers_refuse(out, error, match):
+    """FeatureDataset (shards.py), ShardSource (train-draft) and build-vocab all refuse the directory."""
+    from eagle_ms.train.ttt_data import ShardSource
+    from eagle_ms.train.vocab import build_vocab
+
+    for read in (lambda: sh.FeatureDataset(out), lambda: ShardSource(out),
+                 lambda: build_vocab(out, 16, out + "-vocab.safetensors", log=_quiet)):
+        with pytest.raises(error, match=match):
+            read()
+
+
+def test_a_rerun_with_other_data_that_fails_invalidates_the_manifest(tmp_path, extractor):
+    """The documented "shards missing" exit: rank 0 rewrote its shards, rank 1 never came."""
+    write_samples(tmp_path / "data.jsonl", 7)
+    out = str(tmp_path / "out")
+    run_preprocess(CFG, _opts(tmp_path), extractor=extractor, log=_quiet)
+    old_manifest = open(os.path.join(out, sh.MANIFEST)).read()
+    write_samples(tmp_path / "data.jsonl", 7, seed=1)  # other samples: every shard key changes
+    with pytest.raises(MissingShardsError):
+        run_preprocess(CFG, _opts(tmp_path, wait_timeout=0.5, poll_s=0.1), rank=0, world=2, extractor=extractor,
+                       log=_quiet)
+    assert not os.path.exists(os.path.join(out, sh.MANIFEST))  # mixed shards do not look complete
+    _readers_refuse(out, FileNotFoundError, "no manifest.json")
+    with open(os.path.join(out, sh.MANIFEST), "w") as fh:  # what the code before this check left behind
+        fh.write(old_manifest)
+    _readers_refuse(out, sh.StaleShardError, rf"{sh.shard_path(out, 0)}: shard 0 has key .* mixes two preprocessing")
+
+
+def test_a_killed_rerun_with_other_settings_leaves_no_manifest(tmp_path, extractor):
+    write_samples(tmp_path / "data.jsonl", 6)
+    out = str(tmp_path / "out")
+    run_preprocess(CFG, _opts(tmp_path), extractor=extractor, log=_quiet)
+    (tmp_path / "cfg.yaml").write_text(YAML)
+    env = {**os.environ, "GLOG_v": "3", "PYTHONPATH": REPO, ENV_FAIL_AFTER: "0:1"}  # killed after one shard
+    cmd = [sys.executable, "-m", "eagle_ms.cli", "preprocess", "--config", str(tmp_path / "cfg.yaml"), "--data",
+           str(tmp_path / "data.jsonl"), "--out", out, "--shard-size", "2", "--shard-groups", "2",
+           "--min-bucket", "16", "--max-len", "24"]  # another max length than the first run's 32
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 17, proc.stderr[-2000:]
+    assert not os.path.exists(os.path.join(out, sh.MANIFEST))
+    vocab = subprocess.run([sys.executable, "-m", "eagle_ms.cli", "build-vocab", "--data", out, "--draft-vocab-size",
+                            "16", "--out", str(tmp_path / "v.safetensors")], capture_output=True, text=True,
+                           env={**env, ENV_FAIL_AFTER: ""}, timeout=120)
+    assert vocab.returncode == 2 and vocab.stderr.startswith(f"eagle-ms build-vocab: error: no manifest.json in {out}")

@@ -1,15 +1,20 @@
-"""Teacher regeneration: token composition, batched decoding == batch-1 generate, resumable JSONL output.
+"""Teacher regeneration: token composition, batched decoding == batch-1 generate, resumable JSONL output;
+one writer per output file, no output left by a run over unreadable data, a full disk named.
 
 The second implementation for decoding is ``eagle_ms.generate.generate`` on a batch-1 TeacherRunner
 (the loop `eagle-ms generate` uses), with the same weights and KV capacity.
 """
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from conftest import REPO
+from helpers_locks import held_elsewhere
+from eagle_ms.locks import OutputInUseError
 from eagle_ms.config import ModelConfig, config_from_dict
 from eagle_ms.generate import DecodeSettings, generate
 from eagle_ms.models.pangu import PanguForCausalLM
@@ -269,3 +274,58 @@ def test_regenerate_multi_turn_resume_and_repair(tmp_path, models):
     assert (s3.written, s3.skipped_done) == (0, 5)
     with pytest.raises(ValueError, match="temperature"):
         run_regenerate(cfg, RegenOptions(out=part, data=data, temperature=0.7), model=models["batched"])
+
+
+# ------------------------------------------------------------------------------ one writer, OS errors
+
+def test_a_second_regenerate_into_the_same_file_is_refused(tmp_path, models):
+    data, out = str(tmp_path / "data.jsonl"), str(tmp_path / "regen.jsonl")
+    _write_data(data, 3)
+    run_regenerate(_cfg(), RegenOptions(out=out, data=data, stop_after=1), model=models["batched"], log=lambda m: None)
+    before = open(out, "rb").read()
+    with held_elsewhere("file", out) as pid:  # a first run still writing: the second must not append
+        with pytest.raises(OutputInUseError, match=rf"{out} is being written by another process \(pid {pid} "):
+            run_regenerate(_cfg(), RegenOptions(out=out, data=data), model=models["batched"], log=lambda m: None)
+    assert open(out, "rb").read() == before
+    assert sorted(os.listdir(tmp_path)) == ["data.jsonl", "regen.jsonl", "regen.jsonl.meta.json"]
+
+
+def test_unreadable_data_leaves_no_output_behind(tmp_path, models):
+    (tmp_path / "a_directory").mkdir()
+    (tmp_path / "binary.bin").write_bytes(bytes(range(256)) * 4)
+    (tmp_path / "braces.jsonl").write_bytes(b"{\x00\xff not json\n{\x01\n")  # looks like JSONL, no record
+    out_dir = tmp_path / "out"
+    for name, error in (("missing.jsonl", FileNotFoundError), ("a_directory", IsADirectoryError),
+                        ("binary.bin", ValueError), ("braces.jsonl", None)):
+        data, out = str(tmp_path / name), str(out_dir / f"{name}.regen.jsonl")
+        opts = RegenOptions(out=out, data=data)
+        if error is None:
+            assert run_regenerate(_cfg(), opts, model=models["batched"], log=lambda m: None).written == 0
+        else:
+            with pytest.raises(error, match=data):
+                run_regenerate(_cfg(), opts, model=models["batched"], log=lambda m: None)
+        assert not out_dir.exists() or os.listdir(out_dir) == [], name  # no empty output, no sidecar, no lock
+
+
+_APPEND_UNTIL_FULL = """
+import resource, signal, sys
+from eagle_ms.train.jsonl import JsonlAppender
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over the limit, write() then fails with EFBIG
+resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))  # a file system that is full after 1000 bytes
+with JsonlAppender(sys.argv[1]) as out:
+    try:
+        for i in range(100):
+            out.append({"id": f"r{i}", "ids": list(range(20))})
+    except OSError as exc:
+        print(f"{type(exc).__name__}: {exc}")
+"""
+
+
+def test_a_full_file_system_is_an_error_naming_the_file_and_the_file_stays_resumable(tmp_path):
+    out = str(tmp_path / "regen.jsonl")
+    proc = subprocess.run([sys.executable, "-c", _APPEND_UNTIL_FULL, out], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": REPO})
+    assert proc.stdout.strip() == f"OSError: [Errno 27] File too large: '{out}'", proc.stdout + proc.stderr
+    assert os.path.getsize(out) == 1000  # the last record only partly written
+    state = open_resumable(out)
+    assert state.repaired_bytes > 0 and [r["id"] for r in state.records] == [f"r{i}" for i in range(len(state.records))]

@@ -1,14 +1,18 @@
 """Teacher causal-LM training (scripts/train_demo_teacher.py's engine): loss vs a NumPy fp64 reference,
-learning on a learnable stream, and exact resume after ``stop_after`` (also with a re-planned schedule)."""
+learning on a learnable stream, exact resume after ``stop_after`` (also with a re-planned schedule), and
+one trainer per work directory."""
 import numpy as np
+import pytest
 from mindspore import Tensor
 
+from eagle_ms.locks import OutputInUseError
 from eagle_ms.models.pangu import PanguForCausalLM
 from eagle_ms.train.checkpoint import latest_step
 from eagle_ms.train.optim import OptimConfig
 from eagle_ms.models.training import CausalLMLoss
 from eagle_ms.train.teacher_lm import LMTrainConfig, sample_batch, train_lm
 from eagle_ms.weights import load_state, random_teacher_state
+from helpers_locks import held_elsewhere
 from helpers_models import TINY
 from numpy_reference import reference_forward
 
@@ -74,3 +78,11 @@ def test_resume_with_a_shorter_schedule_continues_from_the_checkpoint(tmp_path):
     train_lm(TINY, _config(tmp_path, "run", 6), train, held, log=logs.append)
     assert "[resume] from step 3" in logs
     assert latest_step(str(tmp_path / "run" / "checkpoints")) == 6
+
+
+def test_a_work_dir_another_trainer_writes_is_refused(tmp_path):
+    cfg = _config(tmp_path, "busy", 4)
+    with held_elsewhere("dir", cfg.work_dir) as pid:
+        with pytest.raises(OutputInUseError, match=rf"{cfg.work_dir} is being written by another process \(pid {pid}"):
+            train_lm(TINY, cfg, _stream(400), _stream(200, 1), log=lambda s: None)
+    assert latest_step(str(tmp_path / "busy" / "checkpoints")) is None  # not one step trained

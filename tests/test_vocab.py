@@ -116,3 +116,29 @@ def test_vocab_from_a_preprocessed_directory(tmp_path):
     assert res.vocab.used.tolist() == [2, 3, 6] and res.vocab.t2d.size == V
     read, index = sh.read_shard(sh.shard_path(out, 0), verify=True)
     assert index.tolist() == [0, 1] and all(a.equals(b) for a, b in zip(read, samples))
+
+
+def test_a_regenerated_file_with_a_duplicated_id_is_counted_once_or_refused(tmp_path):
+    data = tmp_path / "regen.jsonl"
+    _regen_file(data, ROWS)
+    once = build_vocab(str(data), 3, str(tmp_path / "once.safetensors"), log=lambda m: None).vocab
+    with open(data, "a") as fh:  # what two writers of one run appended: the same record twice
+        fh.write(open(data).read().splitlines()[1] + "\n")
+    twice = build_vocab(str(data), 3, str(tmp_path / "twice.safetensors"), log=lambda m: None).vocab
+    assert twice.equals(once) and once.used.tolist() == [2, 3, 6]  # counted twice it would be [3, 5, 6]
+    with open(data, "a") as fh:  # the same id with another content: which one is right? refused
+        fh.write(json.dumps({"id": "c0", "index": 0, "ids": [7, 7], "assistant_mask": [1, 1]}) + "\n")
+    with pytest.raises(ValueError, match=rf"{data}: record id 'c0' appears on line 1 and again, different, on line 4"):
+        build_vocab(str(data), 3, str(tmp_path / "bad.safetensors"), log=lambda m: None)
+
+
+def test_a_shard_that_is_not_the_listed_one_is_refused(tmp_path):
+    out = str(tmp_path / "features")
+    ids, mask = ROWS[0]
+    sample = sh.SampleFeatures(np.array(ids, np.int32), np.array(mask, bool), np.zeros((5, 6), np.float16),
+                               np.zeros((5, 2), np.float16))
+    entry = sh.write_shard(out, sh.ShardSpec(0, (0,)), "key-of-the-new-run", ["c0"], [sample], "float16")
+    sh.write_manifest(out, {"format": sh.FORMAT, "fingerprint": {}, "vocab_size": V,
+                            "shards": [{**entry, "key": "key-of-the-old-run"}]})
+    with pytest.raises(sh.StaleShardError, match=rf"{sh.shard_path(out, 0)}: shard 0 has key key-of-the-new-r"):
+        build_vocab(out, 3, str(tmp_path / "v.safetensors"), log=lambda m: None)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import sys
 
 from eagle_ms.cli_args import add_config_args, add_decode_flags, config_path, overrides
 
@@ -80,11 +79,7 @@ def cmd_bench(args, parser) -> int:
     from eagle_ms.bench.runner import run_bench
 
     cfg, opts = _prepare(args, parser, "bench")
-    try:
-        summary = run_bench(cfg, opts)
-    except FileExistsError as exc:
-        print(f"eagle-ms bench: error: {exc}", file=sys.stderr)
-        return 2
+    summary = run_bench(cfg, opts)  # an existing or busy --out: OSError, reported by eagle_ms.cli.main
     if summary is None:  # ranks > 0: rank 0 reports
         return 0
     print(headline(summary, opts.out))
@@ -99,11 +94,7 @@ def cmd_sweep(args, parser) -> int:
     windows = parse_windows(args.windows) if args.windows else None
     cfg, opts = _prepare(args, parser, "sweep")
     sweeps = plan_sweeps(cfg.speculative.budget, cfg.speculative.max_depth, budgets, depths, windows, args.preset)
-    try:
-        data = run_sweep(cfg, sweeps, opts, command=opts.command)
-    except FileExistsError as exc:
-        print(f"eagle-ms sweep: error: {exc}", file=sys.stderr)
-        return 2
+    data = run_sweep(cfg, sweeps, opts, command=opts.command)
     if data is not None:
         print(f"sweep written to {opts.out}/sweep.md ({sum(len(r['rows']) for r in data['results'])} rows)")
     return 0

@@ -27,6 +27,17 @@ def is_scheduler() -> bool:
     return os.environ.get(ROLE_ENV) == "MS_SCHED"
 
 
+def job_id() -> str | None:
+    """The msrun job this process belongs to, as its scheduler's address (None without msrun).
+
+    The ranks of one job share it and two jobs running at once cannot (one scheduler per port), so
+    output locks (eagle_ms/locks.py) tell a sibling rank from a second, independent job by it.
+    """
+    if not under_msrun():
+        return None
+    return f"msrun@{os.environ.get('MS_SCHED_HOST')}:{os.environ.get('MS_SCHED_PORT')}"
+
+
 def init_ranks(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
     """(rank, world_size): from mindspore.communication under msrun, else the given values, else (0, 1).
 

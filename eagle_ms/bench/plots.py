@@ -13,11 +13,16 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from eagle_ms.files import atomic_write  # noqa: E402
+
 
 def _save(fig, path: str) -> str:
+    """The figure as a PNG at ``path``, written atomically (a failed save leaves no partial file)."""
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        atomic_write(path, lambda fh: fig.savefig(fh, format="png", dpi=100), binary=True)
+    finally:
+        plt.close(fig)
     return path
 
 

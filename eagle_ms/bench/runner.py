@@ -1,6 +1,8 @@
 """``eagle-ms bench``: per turn, teacher-only greedy and speculative decoding of the same prompt.
 
 Protocol (one process, or one rank of many):
+  0. take this rank's lock on the run directory (eagle_ms/locks.py), held to the end: a second writer
+     of the rank, or any rank of another job, is refused before it writes anything;
   1. build the Session, compile every graph (``Session.warm_up``) and run one untimed warm-up pair
      (baseline + EA, ``warmup_tokens`` new tokens) on the first prompt, so no timed call compiles;
   2. for each of this rank's turns (``question_id % world_size == rank``): build the prompt, then run
@@ -28,6 +30,8 @@ import numpy as np
 from eagle_ms import trace
 from eagle_ms.bench.datasets import (DEFAULT_DATASETS, Question, TurnSpec, dataset_path, expand_turns,
                                      load_questions, shard_turns)
+from eagle_ms.bench.distributed import job_id
+from eagle_ms.locks import lock_dir
 from eagle_ms.metrics import first_divergence, logit_margin, speedup
 from eagle_ms.bench.profile import MaskProfiler, NullProfiler
 from eagle_ms.bench.progress import Progress
@@ -267,11 +271,10 @@ def run_bench(cfg, opts: BenchOptions, session=None, drafter_factory: DrafterFac
     """Run this rank's turns into ``opts.out``; rank 0 also merges and returns the summary (else None).
 
     ``session``: reuse a built Session (left unchanged: per-call settings are overrides); ``drafter_factory``:
-    (session, prompt_ids, turn) -> drafter, default ``session.make_drafter(prompt_ids)``.
+    (session, prompt_ids, turn) -> drafter, default ``session.make_drafter(prompt_ids)``. Rank r holds
+    its lock on ``opts.out`` for the whole run (eagle_ms/locks.py): a second writer of the same rank, or
+    a rank of another job, gets ``OutputInUseError`` before anything is written.
     """
-    from eagle_ms.bench.summary import write_report
-    from eagle_ms.session import Session
-
     if cfg.speculative.draft == "none":
         raise ValueError("bench compares teacher-only with speculative decoding: set speculative.draft "
                          "(--draft test|eagle3)")
@@ -281,6 +284,15 @@ def run_bench(cfg, opts: BenchOptions, session=None, drafter_factory: DrafterFac
     if not has_tokenizer:
         raise ValueError("bench needs a tokenizer (tokenizer.model_file) to render the chat prompts")
     questions = load_questions(opts.data_dir, opts.datasets, opts.limit)
+    with lock_dir(opts.out, opts.rank, opts.world_size, job_id()):  # one writer per rank, one job per run
+        return _run_rank(cfg, opts, session, drafter_factory, questions)
+
+
+def _run_rank(cfg, opts: BenchOptions, session, drafter_factory, questions: list[Question]) -> dict | None:
+    """``run_bench`` once this rank holds its lock on the run directory."""
+    from eagle_ms.bench.summary import write_report
+    from eagle_ms.session import Session
+
     turns = expand_turns(questions)
     mine = shard_turns(turns, opts.rank, opts.world_size)
     prepare_run_dir(opts, [t.key for t in mine])

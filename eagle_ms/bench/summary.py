@@ -13,6 +13,7 @@ import numpy as np
 
 from eagle_ms import trace
 from eagle_ms import metrics
+from eagle_ms.files import atomic_write
 
 STEP_STAGES = ("draft", "tensorize", "mask", "verify", "accept", "commit", "observe")
 
@@ -223,8 +224,7 @@ def write_report(run_dir: str, plots: bool = True) -> dict:
     """Recompute summary.json + summary.md (+ plots/) from the run directory's traces."""
     s = summarize(run_dir)
     trace.write_json(os.path.join(run_dir, "summary.json"), s)
-    with open(os.path.join(run_dir, "summary.md"), "w", encoding="utf-8") as fh:
-        fh.write(render_markdown(s))
+    atomic_write(os.path.join(run_dir, "summary.md"), lambda fh: fh.write(render_markdown(s)))
     if plots:
         from eagle_ms.bench.plots import plot_run
 

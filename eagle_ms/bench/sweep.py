@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 from eagle_ms import trace
 from eagle_ms.bench.summary import fmt, md_table, write_report
+from eagle_ms.files import atomic_write
+from eagle_ms.locks import lock_dir
 
 TABLE2_BUDGETS = (16, 32, 64, 128, 256)
 TABLE2_DEPTHS = (4, 8, 10, 12, 16)
@@ -112,22 +114,27 @@ def point_dir(sweep_dir: str, point: SweepPoint) -> str:
 
 
 def run_sweep(cfg, sweeps: list[Sweep], opts, command: str | None = None) -> dict | None:
-    """Run every point (a bench run each) and, on rank 0, write the sweep tables; returns them."""
+    """Run every point (a bench run each) and, on rank 0, write the sweep tables; returns them.
+
+    This rank holds its lock on the sweep directory throughout (eagle_ms/locks.py), and each point's
+    run its lock on the point directory: a second sweep into the same directory is refused.
+    """
+    from eagle_ms.bench.distributed import job_id
     from eagle_ms.bench.runner import run_bench
 
     sweep_dir = opts.out
     points = unique_points(sweeps)
     configs = {p: cfg.replace("speculative", budget=p.budget, max_depth=p.max_depth, draft_window=p.draft_window)
                for p in points}  # validate every point before running any
-    if opts.rank == 0:
-        os.makedirs(sweep_dir, exist_ok=True)
-        trace.write_json(os.path.join(sweep_dir, SWEEP_FILE), {"kind": "sweep", "command": command,
-                                                                "plan": _plan_dict(sweeps), "results": None})
-    for i, p in enumerate(points):
-        if opts.progress:
-            print(f"sweep point {i + 1}/{len(points)}: {p.name}", file=sys.stderr, flush=True)
-        run_bench(configs[p], dataclasses.replace(opts, out=point_dir(sweep_dir, p), command=command))
-    return write_sweep_report(sweep_dir) if opts.rank == 0 else None
+    with lock_dir(sweep_dir, opts.rank, opts.world_size, job_id()):
+        if opts.rank == 0:
+            trace.write_json(os.path.join(sweep_dir, SWEEP_FILE), {"kind": "sweep", "command": command,
+                                                                    "plan": _plan_dict(sweeps), "results": None})
+        for i, p in enumerate(points):
+            if opts.progress:
+                print(f"sweep point {i + 1}/{len(points)}: {p.name}", file=sys.stderr, flush=True)
+            run_bench(configs[p], dataclasses.replace(opts, out=point_dir(sweep_dir, p), command=command))
+        return write_sweep_report(sweep_dir) if opts.rank == 0 else None
 
 
 def _plan_dict(sweeps: list[Sweep]) -> list[dict]:
@@ -165,8 +172,7 @@ def write_sweep_report(sweep_dir: str, regenerate_points: bool = True) -> dict:
         results.append({"name": s["name"], "axis": s["axis"], "rows": rows})
     data["results"] = results
     trace.write_json(os.path.join(sweep_dir, SWEEP_FILE), data)
-    with open(os.path.join(sweep_dir, "sweep.md"), "w", encoding="utf-8") as fh:
-        fh.write(render_sweep_markdown(data))
+    atomic_write(os.path.join(sweep_dir, "sweep.md"), lambda fh: fh.write(render_sweep_markdown(data)))
     os.makedirs(os.path.join(sweep_dir, "plots"), exist_ok=True)
     for r in results:
         good = [row for row in r["rows"] if "error" not in row]

@@ -190,6 +190,8 @@ class ShareGPTStream:
     def __init__(self, path: PathLike, limit: Optional[int] = None, *,
                  chunk_chars: int = 1 << 20, max_record_chars: int = 64 << 20) -> None:
         self.path = Path(path)
+        if self.path.is_dir():
+            raise IsADirectoryError(f"ShareGPT data path is a directory, not a file: {self.path}")
         if not self.path.is_file():
             raise FileNotFoundError(f"ShareGPT data file not found: {self.path}")
         if limit is not None and limit < 0:
@@ -211,23 +213,37 @@ class ShareGPTStream:
             tail_offset=c.tail_offset, unknown_roles=dict(c.unknown_roles),
             limit_reached=c.limit_reached)
 
+    def _open(self) -> tuple[TextIO, Optional[str]]:
+        """The file, rewound, and its first non-blank character; ValueError unless it is "[", "{" or none."""
+        fh = open(self.path, "r", encoding="utf-8-sig", errors="replace")
+        try:
+            head = _first_non_blank(fh)
+            if head not in (None, "[", "{"):
+                raise ValueError(f"{self.path}: neither a JSON array nor JSONL (first character {head!r})")
+        except BaseException:
+            fh.close()
+            raise
+        fh.seek(0)
+        return fh, head
+
+    def check(self) -> None:
+        """Raise now (before any work) if the file cannot be read as a JSON array or JSONL: an OSError
+        (unreadable) or ValueError (another format, e.g. binary data), both naming the file."""
+        self._open()[0].close()
+
     def __iter__(self) -> Iterator[Conversation]:
         self._counters = counters = _Counters()
         if self.limit == 0:
             counters.limit_reached = True
             return
-        with open(self.path, "r", encoding="utf-8-sig", errors="replace") as fh:
-            head = _first_non_blank(fh)
-            fh.seek(0)
+        fh, head = self._open()
+        with fh:
             if head is None:
                 return
             if head == "[":
                 records = _iter_array(fh, self.chunk_chars, self.max_record_chars, counters)
-            elif head == "{":
-                records = _iter_jsonl(fh, counters)
             else:
-                raise ValueError(f"{self.path}: neither a JSON array nor JSONL "
-                                 f"(first character {head!r})")
+                records = _iter_jsonl(fh, counters)
             for record in records:
                 conv, reason = to_conversation(record, counters.read)
                 if conv is None:

@@ -26,6 +26,8 @@ import numpy as np
 
 from mindspore import Tensor, nn
 
+from eagle_ms.files import check_can_create, write_json_atomic
+from eagle_ms.locks import lock_dir
 from eagle_ms.train import ttt_data as td
 from eagle_ms.train.checkpoint import latest_step, load_train_state, save_train_state
 from eagle_ms.models.training import TrainStep
@@ -185,7 +187,21 @@ class DraftTraining:
                               "seed": self.tc.seed})
 
     def run(self) -> dict:
-        """Train (or resume) to ``steps`` (or ``stop_after``); export at the end. Returns the summary."""
+        """Train (or resume) to ``steps`` (or ``stop_after``); export at the end. Returns the summary.
+
+        Each rank holds its lock on the work directory for the whole run (eagle_ms/locks.py): a second
+        run into it is refused (``OutputInUseError`` naming the holder). Before step 1, rank 0 checks that
+        the export directory ``out`` can be written (``files.check_can_create``), so a bad ``--out``
+        fails now, not after the last step.
+        """
+        from eagle_ms.bench.distributed import job_id
+
+        with lock_dir(self.tc.work_dir, self.rank, self.world, job_id()):
+            if self.rank == 0:
+                check_can_create(self.tc.out)
+            return self._run()
+
+    def _run(self) -> dict:
         tc = self.tc
         start, history = self.resume()
         end = min(tc.steps, tc.stop_after) if tc.stop_after is not None else tc.steps
@@ -220,9 +236,7 @@ class DraftTraining:
             summary["out"] = self.export()
             self.log(f"[train-draft] exported the draft to {summary['out']}")
         if self.rank == 0:
-            os.makedirs(tc.work_dir, exist_ok=True)
-            with open(os.path.join(tc.work_dir, "summary.json"), "w", encoding="utf-8") as fh:
-                json.dump({**summary, "history": history}, fh)
+            write_json_atomic(os.path.join(tc.work_dir, "summary.json"), {**summary, "history": history}, indent=None)
         return summary
 
 

@@ -17,9 +17,12 @@ of reading shards (no storage; one teacher forward per sample per epoch).
 Distribution (see ``shards`` for the layout): rank r of W takes shards ``s % W == r`` (samples
 ``i % W == r``). Rank and world come from ``RANK_ID`` / ``RANK_SIZE``, which msrun exports; the msrun
 scheduler process (``MS_ROLE=MS_SCHED``) has nothing to do. No collective communication: ranks meet
-through the file system. Cache: a shard whose file exists with the expected key is reused; files
-appear by rename, so a killed rank leaves only ``*.tmp<pid>`` files (removed by its next run) and
-never a file that looks complete. Rank 0, after its own shards, waits (``wait_timeout`` seconds, polling)
+through the file system. Each rank holds its lock on the output directory for the whole run
+(``locks.lock_dir``): a second writer of a rank, or a rank of another job, is refused. Cache: a shard
+whose file exists with the expected key is reused; files appear by rename, so a killed rank leaves only
+``*.tmp<pid>`` files (removed by its next run) and never a file that looks complete. A rank removes
+``manifest.json`` before it rewrites its first shard, so an interrupted rerun never leaves an old
+manifest over mixed shards. Rank 0, after its own shards, waits (``wait_timeout`` seconds, polling)
 until every shard file exists with its key, then writes ``manifest.json``; on timeout, or as soon as
 every rank owning a missing shard has written a failure receipt, it raises ``MissingShardsError``
 naming each missing shard and its rank.
@@ -39,10 +42,11 @@ import numpy as np
 from mindspore import Tensor
 
 from eagle_ms.files import write_json_atomic
+from eagle_ms.locks import lock_dir
 from eagle_ms.models.training import TeacherFeatureNet
 from eagle_ms.train import shards as sh
 from eagle_ms.train.hashing import array_hash, json_hash, teacher_fingerprint, tokenizer_fingerprint
-from eagle_ms.train.jsonl import read_records
+from eagle_ms.train.jsonl import read_unique_records
 
 ENV_FAIL_AFTER = "EAGLE_MS_PREPROCESS_FAIL_AFTER"
 REPORT_DIR = "reports"
@@ -99,10 +103,12 @@ def load_samples(path: str, max_len: int, render=None, log=print) -> tuple[list[
     other records are ShareGPT conversations rendered by ``render(messages) -> ChatEncoding``. Order:
     by the records' ``index`` field when every record has one (regeneration writes in completion
     order), else file order. Samples are cut to ``max_len``; one with no loss token left is dropped.
+    One record per id (``jsonl.read_unique_records``): an identical repeat is dropped, a different one
+    with the same id raises ValueError naming the id and the file.
     """
     from eagle_ms.train.data import to_conversation
 
-    records = read_records(path, log)
+    records = read_unique_records(path, log)
     if records and all(isinstance(r.get("index"), int) for r in records):
         records.sort(key=lambda r: r["index"])
     samples, dropped = [], {"no_ids": 0, "no_loss_tokens": 0, "truncated": 0}
@@ -249,19 +255,26 @@ def _render_fn(cfg):
 
 
 def run_preprocess(cfg, opts: PreprocessOptions, rank: int = 0, world: int = 1, extractor=None, log=print) -> dict:
-    """Process this rank's shards; rank 0 then waits for all shards and writes the manifest."""
+    """Process this rank's shards; rank 0 then waits for all shards and writes the manifest.
+
+    The rank holds its lock on ``opts.out`` throughout (eagle_ms/locks.py): a second writer of this rank
+    or a rank of another job gets ``OutputInUseError`` before it touches the directory.
+    """
+    from eagle_ms.bench.distributed import job_id
+
     started = time.time()
-    os.makedirs(os.path.join(opts.out, sh.SHARD_DIR), exist_ok=True)
-    failed_receipt = os.path.join(opts.out, REPORT_DIR, f"rank-{rank}.failed.json")
-    if os.path.exists(failed_receipt):
-        os.remove(failed_receipt)
-    try:
-        return _run(cfg, opts, rank, world, extractor, log, started)
-    except MissingShardsError:
-        raise
-    except Exception as exc:  # leave a receipt so rank 0 stops waiting for this rank's shards
-        write_json_atomic(failed_receipt, {"rank": rank, "error": f"{type(exc).__name__}: {exc}"})
-        raise
+    with lock_dir(opts.out, rank, world, job_id()):
+        os.makedirs(os.path.join(opts.out, sh.SHARD_DIR), exist_ok=True)
+        failed_receipt = os.path.join(opts.out, REPORT_DIR, f"rank-{rank}.failed.json")
+        if os.path.exists(failed_receipt):
+            os.remove(failed_receipt)
+        try:
+            return _run(cfg, opts, rank, world, extractor, log, started)
+        except MissingShardsError:
+            raise
+        except Exception as exc:  # leave a receipt so rank 0 stops waiting for this rank's shards
+            write_json_atomic(failed_receipt, {"rank": rank, "error": f"{type(exc).__name__}: {exc}"})
+            raise
 
 
 def _run(cfg, opts, rank, world, extractor, log, started) -> dict:
@@ -294,6 +307,8 @@ def _run(cfg, opts, rank, world, extractor, log, started) -> dict:
         if meta is not None and meta.get("key") == keys[spec.id]:
             reused.append(spec.id)
             continue
+        if not computed:  # from now on the directory mixes runs until rank 0 writes the new manifest
+            sh.invalidate_manifest(opts.out)
         feats = [extractor.extract(samples[i].input_ids, samples[i].loss_mask) for i in spec.samples]
         sh.write_shard(opts.out, spec, keys[spec.id], [samples[i].record_id for i in spec.samples], feats,
                        extractor.feature_dtype)

@@ -29,7 +29,9 @@ repairs a partial last line (``jsonl.open_resumable``). Record fields:
                          also a ShareGPT JSONL for ``eagle_ms.train.data``
 
 A sidecar ``<out>.meta.json`` records the teacher/tokenizer fingerprints and decoding settings; a rerun
-with different ones raises instead of mixing answers of two teachers in one file.
+with different ones raises instead of mixing answers of two teachers in one file. One writer per file:
+a run holds ``<out>.lock`` (eagle_ms/locks.py) throughout, so a second run into the same file is
+refused instead of appending every record twice.
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from eagle_ms.files import write_json_atomic
+from eagle_ms.locks import lock_file
 from eagle_ms.train.data import ShareGPTStream, sharegpt_package_path
 from eagle_ms.train.hashing import json_hash, teacher_fingerprint, tokenizer_fingerprint
 from eagle_ms.train.jsonl import JsonlAppender, open_resumable
@@ -227,45 +230,59 @@ def regen_meta(cfg, opts: RegenOptions, backend: str, max_new: int, data_path: s
             "data": os.path.abspath(data_path)}
 
 
-def check_meta(path: str, meta: dict) -> None:
-    """Write the sidecar, or check an existing one; a difference raises naming the keys."""
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as fh:
-            old = json.load(fh)
-        diff = sorted(k for k in set(old) | set(meta) if k != "data" and json_hash(old.get(k)) != json_hash(meta.get(k)))
-        if diff:
-            raise ValueError(f"{path}: the existing output was made with different {diff}; write to a new --out "
-                             "file (one regenerated file = one teacher and one decoding setting)")
-        return
-    write_json_atomic(path, meta)
+def check_meta(path: str, meta: dict) -> bool:
+    """Compare an existing sidecar with ``meta`` (a difference raises naming the keys); False if none."""
+    if not os.path.exists(path):
+        return False
+    with open(path, encoding="utf-8") as fh:
+        old = json.load(fh)
+    diff = sorted(k for k in set(old) | set(meta) if k != "data" and json_hash(old.get(k)) != json_hash(meta.get(k)))
+    if diff:
+        raise ValueError(f"{path}: the existing output was made with different {diff}; write to a new --out "
+                         "file (one regenerated file = one teacher and one decoding setting)")
+    return True
 
 
 def run_regenerate(cfg, opts: RegenOptions, model=None, log=print) -> RegenSummary:
-    """Regenerate ``opts.data`` into ``opts.out`` (resumable). ``model``: a prebuilt teacher Cell (tests)."""
-    from eagle_ms.models.attention import choose_backend
-    from eagle_ms.runtime import build_teacher, decode_mode, load_tokenizer
-    from eagle_ms.train.regen_batch import BatchDecoder
+    """Regenerate ``opts.data`` into ``opts.out`` (resumable). ``model``: a prebuilt teacher Cell (tests).
+
+    Before any work the data is opened and checked (``ShareGPTStream.check``), then ``opts.out`` is
+    locked for the whole run (one writer: ``locks.lock_file``, else ``OutputInUseError`` naming the
+    holder). The output and its sidecar are created with the first finished conversation, so a run
+    that fails before one (unreadable data, another writer, a crash) leaves neither behind.
+    """
+    from eagle_ms.runtime import load_tokenizer
 
     tokenizer, template = load_tokenizer(cfg)
     if tokenizer is None:
         raise ValueError("regenerate needs tokenizer.model_file in the config (answers are stored as ids and text)")
+    data_path = str(sharegpt_package_path()) if opts.data in (None, "sharegpt") else opts.data
+    stream = ShareGPTStream(data_path, opts.limit)
+    stream.check()
+    with lock_file(opts.out):
+        return _regenerate(cfg, opts, model, log, ChatComposer(tokenizer, template), stream)
+
+
+def _regenerate(cfg, opts: RegenOptions, model, log, composer: ChatComposer, stream: ShareGPTStream) -> RegenSummary:
+    """``run_regenerate`` once the data is checked and the output locked."""
+    from eagle_ms.models.attention import choose_backend
+    from eagle_ms.runtime import build_teacher, decode_mode
+    from eagle_ms.train.regen_batch import BatchDecoder
+
     batch = opts.batch_size or cfg.runtime.batch_size
     max_new = opts.max_new_tokens or cfg.generation.max_new_tokens
     backend = choose_backend(decode_mode(cfg), cfg.runtime.device_target)
-    data_path = str(sharegpt_package_path()) if opts.data in (None, "sharegpt") else opts.data
-    os.makedirs(os.path.dirname(os.path.abspath(opts.out)), exist_ok=True)
-    check_meta(opts.out + ".meta.json", regen_meta(cfg, opts, backend, max_new, data_path))
+    meta_path, meta = opts.out + ".meta.json", regen_meta(cfg, opts, backend, max_new, str(stream.path))
+    meta_written = check_meta(meta_path, meta)
     state = open_resumable(opts.out)
     if state.repaired_bytes:
         log(f"[regenerate] cut a partial last line ({state.repaired_bytes} bytes) off {opts.out}")
     done = {r["id"] for r in state.records}
     if model is None:
         model = build_teacher(cfg.model, cfg.checkpoint, batch, cfg.runtime.seq_length, backend, cfg.runtime.seed)
-    composer = ChatComposer(tokenizer, template)
     stops = {cfg.model.eos_token_id, composer.eos} if cfg.generation.stop_on_eos else set()
     decoder = BatchDecoder(model, cfg.runtime.prefill_chunk, max_new, stops, opts.temperature,
                            refill_min=max(1, batch // 2))
-    stream = ShareGPTStream(data_path, opts.limit)
     counts = {"written": 0, "skipped_done": 0}
 
     def sessions():
@@ -282,6 +299,10 @@ def run_regenerate(cfg, opts: RegenOptions, model=None, log=print) -> RegenSumma
     t0 = time.perf_counter()
     with JsonlAppender(opts.out) as out:
         def finished(session):
+            nonlocal meta_written
+            if not meta_written:  # with the first record: a run that writes none leaves no sidecar
+                write_json_atomic(meta_path, meta)
+                meta_written = True
             out.append(session.record())
             counts["written"] += 1
             if counts["written"] % 10 == 0:

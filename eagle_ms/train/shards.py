@@ -24,7 +24,9 @@ Shard file ``shards/shard-<s:06d>.safetensors`` (written to a temp name, then re
 (``aux``/``hidden`` are BF16 with ``feature_dtype: bfloat16``.) Metadata (strings): ``format``,
 ``key`` (the cache key), ``shard``, ``content_sha256`` (``array_hash`` of the six tensors as read
 back), ``record_ids`` (JSON list), ``tokens``, ``loss_tokens``. A shard is complete iff its file exists
-with the expected key: the rename is the commit.
+with the expected key: the rename is the commit. A run that rewrites a shard first removes
+``manifest.json`` (``invalidate_manifest``), and readers check every shard's key against its manifest
+entry, so a directory mixing two runs is never read as complete.
 """
 from __future__ import annotations
 
@@ -148,9 +150,24 @@ def shard_entry(path: str) -> dict:
             "samples": f.read("sample_index").tolist(), "record_ids": json.loads(meta["record_ids"])}
 
 
-def read_shard(path: str, verify: bool = False) -> tuple[list[SampleFeatures], np.ndarray]:
-    """(samples, global indices) of one shard; ``verify`` recomputes content_sha256."""
+class StaleShardError(ValueError):
+    """A shard file is not the one the manifest lists: the directory mixes two preprocessing runs."""
+
+
+def open_shard(path: str, key: str | None = None) -> SafetensorsFile:
+    """The shard file at ``path``; with ``key`` (its manifest entry's), ``StaleShardError`` naming the shard
+    unless the file carries exactly that key."""
     f = SafetensorsFile(path)
+    if key is not None and f.metadata.get("key") != key:
+        raise StaleShardError(f"{path}: shard {f.metadata.get('shard')} has key {str(f.metadata.get('key'))[:16]}, "
+                              f"its manifest entry key {key[:16]}: this directory mixes two preprocessing runs "
+                              "(one was interrupted); rerun `eagle-ms preprocess` into it, or use another one")
+    return f
+
+
+def read_shard(path: str, verify: bool = False, key: str | None = None) -> tuple[list[SampleFeatures], np.ndarray]:
+    """(samples, global indices) of one shard; ``verify`` recomputes content_sha256; ``key``: see ``open_shard``."""
+    f = open_shard(path, key)
     t = {k: f.read(k) for k in ("input_ids", "loss_mask", "aux", "hidden", "offsets", "sample_index")}
     if verify and array_hash(*t.values()) != f.metadata["content_sha256"]:
         raise CheckpointError(f"{path}: content does not match its content_sha256 (corrupt shard)")
@@ -166,7 +183,18 @@ def write_manifest(out_dir: str, manifest: dict) -> str:
     return write_json_atomic(os.path.join(out_dir, MANIFEST), manifest)
 
 
+def invalidate_manifest(out_dir: str) -> None:
+    """Remove the manifest before a shard is rewritten: until the run that rewrites shards writes a new
+    one, the directory is incomplete (readers refuse it) rather than an old manifest over new shards."""
+    try:
+        os.remove(os.path.join(out_dir, MANIFEST))
+    except FileNotFoundError:
+        pass
+
+
 def load_manifest(out_dir: str) -> dict:
+    """The manifest of a complete directory; every listed shard's file header is checked against its
+    entry (``open_shard``), so a directory that mixes two runs is refused naming the first bad shard."""
     path = os.path.join(out_dir, MANIFEST)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no {MANIFEST} in {out_dir}: preprocessing did not finish (rank 0 writes it last)")
@@ -174,6 +202,8 @@ def load_manifest(out_dir: str) -> dict:
         manifest = json.load(fh)
     if manifest.get("format") != FORMAT:
         raise ValueError(f"{path}: format {manifest.get('format')!r}, expected {FORMAT!r}")
+    for entry in manifest["shards"]:
+        open_shard(shard_path(out_dir, entry["id"]), entry["key"])
     return manifest
 
 
@@ -184,6 +214,7 @@ def data_hash(manifest: dict) -> str:
 
 class FeatureDataset:
     """Read access for a trainer: ``len(ds)`` samples, ``ds[i]`` -> SampleFeatures (global index i).
+    Every shard is checked against its manifest key when the dataset opens and again when it is read.
 
     Shards are read whole and one is cached at a time, so iterate in ``ds.order()`` (shard by shard)
     for speed; ``ds.shards_for(rank, world)`` gives a data-parallel split by shard.
@@ -193,6 +224,7 @@ class FeatureDataset:
         self.out_dir, self.verify = out_dir, verify
         self.manifest = load_manifest(out_dir)
         self._where = {}
+        self._keys = {entry["id"]: entry["key"] for entry in self.manifest["shards"]}
         for entry in self.manifest["shards"]:
             for pos, i in enumerate(entry["samples"]):
                 self._where[i] = (entry["id"], pos)
@@ -204,7 +236,7 @@ class FeatureDataset:
     def __getitem__(self, index: int) -> SampleFeatures:
         shard_id, pos = self._where[index]
         if self._cached is None or self._cached[0] != shard_id:
-            samples, _ = read_shard(shard_path(self.out_dir, shard_id), self.verify)
+            samples, _ = read_shard(shard_path(self.out_dir, shard_id), self.verify, self._keys[shard_id])
             self._cached = (shard_id, samples)
         return self._cached[1][pos]
 

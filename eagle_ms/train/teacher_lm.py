@@ -5,6 +5,7 @@ into one token stream (packing); every ``holdout_every``-th conversation goes to
 Batches are random windows of ``seq_len + 1`` tokens drawn with ``default_rng([seed, step])``, so a
 resumed run sees exactly the batches an uninterrupted run would. Checkpoints (weights, AdamW moments,
 step, history) are written atomically every ``save_every`` steps; ``train`` resumes from the newest.
+One trainer per work directory (``locks.lock_dir``).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from mindspore import Tensor
 
 from eagle_ms.config import ModelConfig
 from eagle_ms.files import atomic_write
+from eagle_ms.locks import lock_dir
 from eagle_ms.models.pangu import PanguForCausalLM
 from eagle_ms.models.training import CausalLMLoss, TrainStep
 from eagle_ms.train.checkpoint import latest_step, load_train_state, save_train_state
@@ -89,7 +91,17 @@ def evaluate(loss_net: CausalLMLoss, stream: np.ndarray, batch: int, seq_len: in
 
 def train_lm(model_cfg: ModelConfig, cfg: LMTrainConfig, train_stream: np.ndarray, held_stream: np.ndarray,
              log=print) -> PanguForCausalLM:
-    """Train (or resume) and return the teacher. Progress lines go to ``log``."""
+    """Train (or resume) and return the teacher. Progress lines go to ``log``.
+
+    The work directory is locked for the whole run (``locks.lock_dir``): a second trainer into it is
+    refused with ``OutputInUseError`` naming the holder instead of interleaving checkpoints.
+    """
+    with lock_dir(cfg.work_dir):
+        return _train_lm(model_cfg, cfg, train_stream, held_stream, log)
+
+
+def _train_lm(model_cfg: ModelConfig, cfg: LMTrainConfig, train_stream: np.ndarray, held_stream: np.ndarray,
+              log) -> PanguForCausalLM:
     teacher = PanguForCausalLM(model_cfg, 1, 1, "eager")
     _init_weights(teacher, model_cfg, cfg.seed)
     loss_net = CausalLMLoss(teacher, cfg.seq_len)

@@ -40,12 +40,14 @@ class Batch:
 
 
 class ShardSource:
-    """Preprocessed features (``eagle-ms preprocess`` output). ``get(i)`` by global sample index."""
+    """Preprocessed features (``eagle-ms preprocess`` output). ``get(i)`` by global sample index. Every
+    shard must carry its manifest key (checked on open and on each read: ``shards.open_shard``)."""
 
     def __init__(self, features_dir: str, cache_shards: int = 2):
         self.dir = features_dir
         self.manifest = sh.load_manifest(features_dir)
         self.groups = {e["id"]: list(e["samples"]) for e in self.manifest["shards"]}
+        self.keys = {e["id"]: e["key"] for e in self.manifest["shards"]}
         self._where = {i: (sid, pos) for sid, members in self.groups.items() for pos, i in enumerate(members)}
         self._cache: OrderedDict[int, list[sh.SampleFeatures]] = OrderedDict()
         self._cache_shards = cache_shards
@@ -60,7 +62,7 @@ class ShardSource:
     def get(self, index: int, max_len: int) -> sh.SampleFeatures:
         sid, pos = self._where[index]
         if sid not in self._cache:
-            self._cache[sid] = sh.read_shard(sh.shard_path(self.dir, sid))[0]
+            self._cache[sid] = sh.read_shard(sh.shard_path(self.dir, sid), key=self.keys[sid])[0]
             while len(self._cache) > self._cache_shards:
                 self._cache.popitem(last=False)
         self._cache.move_to_end(sid)

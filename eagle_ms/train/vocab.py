@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from eagle_ms.train.hashing import file_sha256, json_hash
-from eagle_ms.train.jsonl import read_records
+from eagle_ms.train.jsonl import read_unique_records
 from eagle_ms.safetensors_format import SafetensorsFile, write_safetensors
 
 FORMAT = "eagle_ms.draft_vocab.v1"
@@ -109,14 +109,16 @@ class DataSource:
     vocab_size: int | None
 
     def sequences(self):
+        """(ids, mask) per sample: every listed shard, checked against its manifest key, or one per
+        record id of the JSONL (``jsonl.read_unique_records``)."""
         if self.kind == "preprocessed":
-            from eagle_ms.train.shards import SHARD_DIR, load_manifest
+            from eagle_ms.train.shards import load_manifest, open_shard, shard_path
 
             for entry in load_manifest(self.path)["shards"]:
-                f = SafetensorsFile(os.path.join(self.path, SHARD_DIR, os.path.basename(entry["file"])))
+                f = open_shard(shard_path(self.path, entry["id"]), entry["key"])
                 yield f.read("input_ids"), f.read("loss_mask")
         else:
-            for rec in read_records(self.path):
+            for rec in read_unique_records(self.path):
                 if rec.get("ids"):
                     yield rec["ids"], rec["assistant_mask"]
 
