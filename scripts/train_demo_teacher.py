@@ -25,7 +25,7 @@ def main():
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=200)
-    p.add_argument("--eval-every", type=int, default=500)
+    p.add_argument("--eval-every", type=int, default=500, help="0: no held-out evals (run them in another process)")
     p.add_argument("--eval-windows", type=int, default=64, help="held-out windows of --seq-len per eval")
     p.add_argument("--eval-band", type=int, default=0,
                    help="> 0: evals also report held-out loss by position band of this width")

@@ -75,10 +75,10 @@ def test_eval_script_on_tiny_config(tmp_path):
     np.testing.assert_allclose(res["mean"], mean, rtol=1e-4)
 
 
-def _config(tmp_path, init_from, steps, stop_after=None, eval_band=0):
+def _config(tmp_path, init_from, steps, stop_after=None, eval_band=0, eval_every=2):
     optim = OptimConfig(lr=5e-3, warmup_steps=1, total_steps=steps)
     return LMTrainConfig(work_dir=str(tmp_path / "run"), seq_len=SEQ, batch_size=2, steps=steps, stop_after=stop_after,
-                         eval_every=2, eval_windows=4, save_every=100, log_every=100, init_from=init_from,
+                         eval_every=eval_every, eval_windows=4, save_every=100, log_every=100, init_from=init_from,
                          eval_band=eval_band, optim=optim)
 
 
@@ -111,6 +111,11 @@ def test_init_from_checkpoint_then_resume_takes_precedence(tmp_path):
     assert "[resume] from step 2" in logs and not any(line.startswith("[init]") for line in logs)
     for key, value in model_state(resumed).items():
         np.testing.assert_array_equal(value, trained[key], err_msg=key)
+
+    logs = []  # eval_every=0: no eval, not even at the last step
+    train_lm(TINY, _config(tmp_path, src_b, 4, eval_every=0), train, held, log=logs.append)
+    assert latest_step(str(tmp_path / "run" / "checkpoints")) == 4
+    assert "[resume] from step 2" in logs and not any(line.startswith("eval") for line in logs)
 
 
 def test_init_from_a_checkpoint_of_another_architecture_fails(tmp_path):

@@ -39,7 +39,7 @@ class LMTrainConfig:
     batch_size: int = 8
     steps: int = 10000  # length of the lr schedule
     stop_after: int | None = None  # checkpoint and return after this step (a later run with other steps resumes)
-    eval_every: int = 500
+    eval_every: int = 500  # 0: no held-out evals in this process (each eval graph holds its own host memory)
     eval_windows: int = 64
     save_every: int = 200
     log_every: int = 20
@@ -211,7 +211,7 @@ def train_lm(model_cfg: ModelConfig, cfg: LMTrainConfig, train_stream: np.ndarra
             log(f"step {done}/{cfg.steps} loss {loss:.4f} lr {lrs[step]:.2e} "
                 f"{rate:.0f} tok/s ETA {eta_h:.2f} h")
             t_last, last_step = now, done
-        if done % cfg.eval_every == 0 or done == cfg.steps:
+        if cfg.eval_every > 0 and (done % cfg.eval_every == 0 or done == cfg.steps):
             if token_loss is None:
                 held = evaluate(loss_net, held_stream, cfg.batch_size, cfg.seq_len, cfg.eval_windows)
                 history["eval"].append([done, held])
