@@ -27,7 +27,7 @@
 # Progress (loss, tok/s, ETA, evals): WORK_DIR/train.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STEPS=${TEACHER2048_STEPS:-1200}
+STEPS=${TEACHER2048_STEPS:-900}
 MODE=train
 EXPORT=""
 if [ "${1:-}" = "--export" ]; then MODE=export; EXPORT=$(realpath -m "$2"); shift 2
