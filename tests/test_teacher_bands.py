@@ -60,12 +60,8 @@ def test_eval_script_on_tiny_config(tmp_path):
     save_teacher_checkpoint(state, cfg, str(tmp_path / "ckpt"))
     stream = _random_stream(2 * SEQ + 1, cfg.vocab_size, seed=1)
     np.save(tmp_path / "held.npy", stream)
-    spec = importlib.util.spec_from_file_location("eval_teacher_bands",
-                                                  os.path.join(REPO, "scripts", "eval_teacher_bands.py"))
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
     out = tmp_path / "bands.json"
-    script.main(["--checkpoint", str(tmp_path / "ckpt"), "--config", os.path.join(REPO, "configs", "tiny.yaml"),
+    _load_script().main(["--checkpoint", str(tmp_path / "ckpt"), "--config", os.path.join(REPO, "configs", "tiny.yaml"),
                  "--seq-len", str(SEQ), "--band", str(BAND), "--windows", "5", "--tokens", str(tmp_path / "held.npy"),
                  "--out", str(out)])
     res = json.loads(out.read_text())
@@ -73,6 +69,33 @@ def test_eval_script_on_tiny_config(tmp_path):
     assert res["windows"] == 2 and res["format"] == "hf"  # 5 asked, the stream holds 2
     np.testing.assert_allclose([b["loss"] for b in res["bands"]], bands, rtol=1e-4)
     np.testing.assert_allclose(res["mean"], mean, rtol=1e-4)
+
+
+def test_eval_script_on_a_training_work_dir(tmp_path):
+    """--checkpoint WORK_DIR reads the newest step-N (a running job can be evaluated without exporting)."""
+    cfg_path = os.path.join(REPO, "configs", "tiny.yaml")
+    cfg = load_config(cfg_path).model
+    stream = _random_stream(3000, cfg.vocab_size, seed=2)
+    tcfg = LMTrainConfig(work_dir=str(tmp_path / "run"), seq_len=SEQ, batch_size=1, steps=2, eval_every=0,
+                         save_every=100, optim=OptimConfig(lr=1e-2, warmup_steps=1, total_steps=2))
+    trained = train_lm(cfg, tcfg, stream, stream, log=lambda s: None)
+    np.save(tmp_path / "held.npy", stream)
+    out = tmp_path / "bands.json"
+    _load_script().main(["--checkpoint", str(tmp_path / "run"), "--config", cfg_path, "--seq-len", str(SEQ),
+                         "--band", str(BAND), "--windows", "3", "--tokens", str(tmp_path / "held.npy"),
+                         "--out", str(out)])
+    res = json.loads(out.read_text())
+    assert res["format"] == "training checkpoint" and res["train_step"] == 2
+    _, mean = _numpy_bands(cfg, model_state(trained), stream, SEQ, BAND, 3)
+    np.testing.assert_allclose(res["mean"], mean, rtol=1e-4)
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("eval_teacher_bands",
+                                                  os.path.join(REPO, "scripts", "eval_teacher_bands.py"))
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
 
 
 def _config(tmp_path, init_from, steps, stop_after=None, eval_band=0, eval_every=2):
