@@ -1,8 +1,11 @@
 """Train (or resume) the demo teacher on ShareGPT, then export it to eagle_ms/assets/demo/teacher (fp16).
 
     python scripts/train_demo_teacher.py --work-dir work/demo_teacher [--steps N] [--export]
+    python scripts/train_demo_teacher.py --work-dir W --init-from eagle_ms/assets/demo/teacher --seq-len 2048 ...
 
 Resumable: rerun the same command after an interruption. Progress (loss, tok/s, ETA) goes to stdout.
+``--init-from`` starts from an HF-layout checkpoint (fresh optimiser) when the work dir has no checkpoint
+yet; once it has one, the run resumes from it and ``--init-from`` is ignored.
 """
 import argparse
 import os
@@ -22,7 +25,11 @@ def main():
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=200)
-    p.add_argument("--eval-every", type=int, default=500)
+    p.add_argument("--eval-every", type=int, default=500, help="0: no held-out evals (run them in another process)")
+    p.add_argument("--eval-windows", type=int, default=64, help="held-out windows of --seq-len per eval")
+    p.add_argument("--eval-band", type=int, default=0,
+                   help="> 0: evals also report held-out loss by position band of this width")
+    p.add_argument("--init-from", help="HF-layout checkpoint to start from when --work-dir has no checkpoint")
     p.add_argument("--save-every", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--export", default=None, help="directory for the final fp16 checkpoint")
@@ -69,7 +76,8 @@ def main():
     optim = OptimConfig(lr=args.lr, warmup_steps=args.warmup, total_steps=args.steps)
     tcfg = LMTrainConfig(work_dir=args.work_dir, seq_len=args.seq_len, batch_size=args.batch_size, steps=args.steps,
                          stop_after=args.stop_after,
-                         eval_every=args.eval_every, save_every=args.save_every, seed=args.seed, optim=optim)
+                         eval_every=args.eval_every, eval_windows=args.eval_windows, eval_band=args.eval_band,
+                         save_every=args.save_every, seed=args.seed, init_from=args.init_from, optim=optim)
     teacher = train_lm(cfg.model, tcfg, train, held, log=lambda s: print(s, flush=True))
     if args.export:
         files = save_teacher_checkpoint(teacher, cfg.model, args.export, dtype="float16")

@@ -2,7 +2,8 @@
 
 * ``TrainStep``: loss, grad, (data-parallel gradient reduction), global-norm clipping and the optimiser
   update in one compiled graph; shared by the teacher LM trainer and the EAGLE-3 draft trainer.
-* ``CausalLMLoss``: the teacher's next-token cross entropy over fixed windows (eagle_ms/train/teacher_lm.py).
+* ``CausalLMLoss``, ``CausalLMTokenLoss``: the teacher's next-token cross entropy over fixed windows, mean
+  and per token (held-out loss by position band; eagle_ms/train/teacher_lm.py).
 * ``TeacherFeatureNet``: the teacher's cache-free forward without the lm_head, the features of draft
   training (eagle_ms/train/preprocess.py).
 """
@@ -52,6 +53,22 @@ class CausalLMLoss(nn.Cell):
         logits, _ = self.full(input_ids, self.positions, self.mask)
         vocab = logits.shape[-1]
         return ops.cross_entropy(logits.reshape(-1, vocab), labels.reshape(-1))
+
+
+class CausalLMTokenLoss(nn.Cell):
+    """Per-token next-token cross entropy: construct(input_ids [B,T], labels [B,T]) -> [B,T] fp32."""
+
+    def __init__(self, teacher: PanguForCausalLM, seq_len: int):
+        super().__init__()
+        self.full = PanguFullSequence(teacher)
+        self.positions = Tensor(np.arange(seq_len, dtype=np.int32)[None])
+        self.mask = Tensor(np.tril(np.ones((seq_len, seq_len), dtype=bool))[None])
+
+    def construct(self, input_ids, labels):
+        logits, _ = self.full(input_ids, self.positions, self.mask)
+        vocab = logits.shape[-1]
+        losses = ops.cross_entropy(logits.reshape(-1, vocab), labels.reshape(-1), reduction="none")
+        return losses.reshape(labels.shape)
 
 
 class TeacherFeatureNet(nn.Cell):
