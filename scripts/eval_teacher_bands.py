@@ -13,7 +13,6 @@ export), or a training work dir / its ``checkpoints`` dir (the newest ``step-N``
 can be evaluated without exporting). Prints a table; ``--out`` writes the result as JSON.
 """
 import argparse
-import hashlib
 import json
 import os
 import sys
@@ -38,11 +37,12 @@ def main(argv=None):
     import numpy as np
     import mindspore as ms
     from eagle_ms.config import load_config
+    from eagle_ms.files import file_sha256
     from eagle_ms.models.pangu import PanguForCausalLM
-    from eagle_ms.train.checkpoint import latest_step, load_model_weights
     from eagle_ms.models.training import CausalLMTokenLoss
+    from eagle_ms.runtime import build_teacher
+    from eagle_ms.train.checkpoint import latest_step, load_model_weights
     from eagle_ms.train.teacher_lm import band_losses
-    from eagle_ms.weights import build_teacher
 
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE, memory_optimize_level=os.environ.get("EAGLE_MS_MEM_OPT", "O1"))
@@ -61,8 +61,7 @@ def main(argv=None):
         source["format"] = "hf"
         st = os.path.join(args.checkpoint, "model.safetensors")
         if os.path.isfile(st):
-            with open(st, "rb") as fh:
-                source["sha256"] = hashlib.sha256(fh.read()).hexdigest()
+            source["sha256"] = file_sha256(st)
 
     if args.tokens:
         held = np.load(args.tokens)
