@@ -296,14 +296,11 @@ def test_unreadable_data_leaves_no_output_behind(tmp_path, models):
     (tmp_path / "braces.jsonl").write_bytes(b"{\x00\xff not json\n{\x01\n")  # looks like JSONL, no record
     out_dir = tmp_path / "out"
     for name, error in (("missing.jsonl", FileNotFoundError), ("a_directory", IsADirectoryError),
-                        ("binary.bin", ValueError), ("braces.jsonl", None)):
+                        ("binary.bin", ValueError), ("braces.jsonl", ValueError)):
         data, out = str(tmp_path / name), str(out_dir / f"{name}.regen.jsonl")
         opts = RegenOptions(out=out, data=data)
-        if error is None:
-            assert run_regenerate(_cfg(), opts, model=models["batched"], log=lambda m: None).written == 0
-        else:
-            with pytest.raises(error, match=data):
-                run_regenerate(_cfg(), opts, model=models["batched"], log=lambda m: None)
+        with pytest.raises(error, match=data):  # braces.jsonl: readable, but no conversation to regenerate
+            run_regenerate(_cfg(), opts, model=models["batched"], log=lambda m: None)
         assert not out_dir.exists() or os.listdir(out_dir) == [], name  # no empty output, no sidecar, no lock
 
 

@@ -315,6 +315,9 @@ def _regenerate(cfg, opts: RegenOptions, model, log, composer: ChatComposer, str
             decoder.run(sessions(), finished)
         except _StopRun:
             log(f"[regenerate] stopped after {opts.stop_after} records (stop_after)")
+    if counts["written"] == 0 and counts["skipped_done"] == 0:
+        raise ValueError(f"{stream.path}: no conversation to regenerate (data: {stream.report().summary()}); "
+                         "nothing was written")
     summary = RegenSummary(opts.out, counts["written"], counts["skipped_done"], state.repaired_bytes,
                            decoder.stats.generated_tokens, time.perf_counter() - t0, stream.report().to_dict())
     log(f"[regenerate] wrote {summary.written} conversations ({summary.skipped_done} already done), "
