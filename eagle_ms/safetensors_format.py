@@ -4,7 +4,8 @@ A file is an 8-byte little-endian header length n, a JSON header of n bytes
 ``{key: {"dtype": tag, "shape": [...], "data_offsets": [begin, end]}, "__metadata__": {...}}``, then the raw
 little-endian tensor data; offsets are relative to the start of the data section. ``SafetensorsFile``
 validates every header entry (known dtype tag, byte count = prod(shape) * itemsize, data inside the file)
-and reads one tensor at a time. BF16 has no NumPy dtype: it is read as uint16 bit patterns and widened by
+and, as the format requires and the reference reader checks, that the tensors' byte ranges do not overlap
+and cover the data section exactly (no gap, no trailing bytes); it reads one tensor at a time. BF16 has no NumPy dtype: it is read as uint16 bit patterns and widened by
 ``uint16 -> uint32 << 16`` (exact), and written by round-to-nearest-even (``float32_to_bf16_bits``).
 ``write_safetensors`` writes atomically (eagle_ms/files.py), data 8-byte aligned as the reference writer does.
 """
@@ -64,6 +65,7 @@ class SafetensorsFile:
         self.metadata = header.pop("__metadata__", None) or {}
         self.data_start = 8 + n
         self.tensors = {k: self._check_entry(k, v, size - self.data_start) for k, v in header.items()}
+        self._check_layout(size - self.data_start)
 
     def _check_entry(self, key: str, info, data_size: int) -> tuple[str, tuple[int, ...], int, int]:
         try:
@@ -81,6 +83,23 @@ class SafetensorsFile:
             raise CheckpointError(f"{self.path}: truncated: tensor '{key}' needs data bytes up to {end}, "
                                   f"the file holds {data_size}")
         return tag, shape, begin, end
+
+    def _check_layout(self, data_size: int) -> None:
+        """Byte ranges sorted by offset must be back to back from 0 to the end of the file."""
+        start, end, last = 0, 0, None
+        for begin, stop, key in sorted((b, e, k) for k, (_, _, b, e) in self.tensors.items()):
+            if begin < end:
+                raise CheckpointError(f"{self.path}: tensors '{last}' [{start}, {end}) and '{key}' "
+                                      f"[{begin}, {stop}) overlap in the data section")
+            if begin > end:
+                where = f"between '{last}' and '{key}'" if last else f"before '{key}'"
+                raise CheckpointError(f"{self.path}: gap in the data section: bytes [{end}, {begin}) {where} "
+                                      f"belong to no tensor")
+            start, end, last = begin, stop, key
+        if end != data_size:
+            where = f"after the last tensor '{last}' (its data ends at {end})" if last else "but no tensor"
+            raise CheckpointError(f"{self.path}: {data_size - end} byte(s) in the data section {where}; the "
+                                  f"data section holds {data_size}")
 
     def keys(self) -> list[str]:
         return list(self.tensors)

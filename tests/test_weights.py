@@ -16,7 +16,7 @@ import mindspore as ms
 from eagle_ms.config import ModelConfig
 from eagle_ms.models.pangu import PanguForCausalLM
 from eagle_ms.runtime import build_teacher
-from eagle_ms.safetensors_format import CheckpointError, read_safetensors, write_safetensors
+from eagle_ms.safetensors_format import CheckpointError, SafetensorsFile, read_safetensors, write_safetensors
 from eagle_ms.weights import (expected_teacher_keys, load_state, load_teacher_checkpoint, model_state,
                               random_teacher_state, save_teacher_checkpoint)
 
@@ -298,6 +298,41 @@ def test_truncated_and_corrupt_files(tmp_path):
     path.write_bytes(data[:-10])
     assert "truncated" in error_of(load_teacher_checkpoint, model, str(tmp_path))
     assert "not found" in error_of(load_teacher_checkpoint, model, str(tmp_path / "nope"))
+
+
+def write_with_offsets(path, offsets, data_bytes):
+    """F32 tensors of 2 elements at the given data_offsets over ``data_bytes`` zero bytes."""
+    header = {k: {"dtype": "F32", "shape": [(end - begin) // 4], "data_offsets": [begin, end]}
+              for k, (begin, end) in offsets.items()}
+    head = json.dumps(header).encode()
+    with open(path, "wb") as fh:
+        fh.write(struct.pack("<Q", len(head)) + head + bytes(data_bytes))
+
+
+LAYOUTS = {  # tensor -> data_offsets, data section bytes, what the error must say
+    "overlap": ({"a": (0, 8), "b": (4, 12)}, 12, ["'a' [0, 8)", "'b' [4, 12)", "overlap"]),
+    "gap": ({"a": (0, 8), "b": (12, 20)}, 20, ["gap", "[8, 12)", "'a'", "'b'"]),
+    "leading gap": ({"a": (4, 12)}, 12, ["gap", "[0, 4)", "'a'"]),
+    "trailing bytes": ({"a": (0, 8)}, 12, ["4 byte(s) in the data section after the last tensor 'a'"]),
+    "data, no tensor": ({}, 4, ["4 byte(s) in the data section but no tensor"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LAYOUTS))
+def test_overlapping_or_gapped_data_refused_like_the_reference_reader(tmp_path, case):
+    offsets, data_bytes, needles = LAYOUTS[case]
+    path = str(tmp_path / "layout.safetensors")
+    write_with_offsets(path, offsets, data_bytes)
+    with pytest.raises(Exception, match="offset|not fully covered"):
+        stnp.load_file(path)  # the reference library refuses it too
+    msg = error_of(SafetensorsFile, path)
+    assert path in msg and all(n in msg for n in needles), msg
+
+
+def test_contiguous_data_with_empty_tensors_reads(tmp_path):
+    path = str(tmp_path / "ok.safetensors")
+    write_with_offsets(path, {"z": (0, 0), "a": (0, 8), "e": (8, 8), "b": (8, 16)}, 16)
+    assert set(stnp.load_file(path)) == set(SafetensorsFile(path).keys()) == {"z", "a", "e", "b"}
 
 
 def test_config_json_mismatch(tmp_path):
