@@ -16,7 +16,9 @@ A draft checkpoint is a directory holding ``model.safetensors`` and ``config.jso
 
 No embedding is stored (the draft reads the teacher's). ``d2t``/``t2d`` may be absent when
 ``draft_vocab_size == vocab_size`` (identity). Any ``embed_tokens`` key a foreign exporter left in is
-ignored. Errors are ``CheckpointError`` naming the key, the shapes and the file.
+ignored. Every float tensor read from a file must be finite and plausible for its F16/BF16 tag
+(``safetensors_format.check_float_tensor``). Errors are ``CheckpointError`` naming the key, the shapes
+and the file.
 
 State dicts here map checkpoint keys to NumPy arrays (floats as float32, ``d2t`` int64, ``t2d`` bool).
 """
@@ -36,7 +38,7 @@ from eagle_ms.config import ModelConfig
 from eagle_ms.files import write_json_atomic
 from eagle_ms.hf_config import hf_bias
 from eagle_ms.models.eagle3 import Eagle3Config
-from eagle_ms.safetensors_format import CheckpointError, SafetensorsFile, write_safetensors
+from eagle_ms.safetensors_format import CheckpointError, SafetensorsFile, check_float_tensor, write_safetensors
 from eagle_ms.weights import SINGLE_FILE
 
 CONFIG_FILE = "config.json"
@@ -307,7 +309,10 @@ def load_draft_checkpoint(path: str, teacher: ModelConfig | None = None) -> tupl
              if k in header and header[k] != s]
     if wrong:  # before reading any data
         raise CheckpointError(f"draft checkpoint {path}: {'; '.join(wrong[:5])}")
-    state = {k: f.read(k) for k in header}
+    state = {}
+    for key in header:
+        state[key] = f.read(key)
+        check_float_tensor(key, state[key], f.tensors[key][0], st_path)
     return cfg, check_draft_state(state, cfg, st_path)
 
 

@@ -16,6 +16,10 @@ Key mapping: the HF key IS the Cell parameter name (``model.parameters_and_names
 Linear weights are ``[out, in]`` as stored by HF, so nothing is transposed. Rules of ``load_state``:
   * strict: a missing key, an unexpected key or a shape mismatch raises ``CheckpointError`` naming the
     key, the shapes and the source file, before any parameter is changed;
+  * values: every float tensor must be finite and, when stored as F16/BF16, plausible for that tag
+    (``safetensors_format.check_float_tensor``: catches F16 <-> BF16 relabelled files). All tensors are
+    checked before the first parameter is set, so a file's tensors are read twice (once to check, once
+    to set; host memory stays at one tensor) and a refused checkpoint leaves the model unchanged;
   * ``*.rotary_emb.inv_freq`` (a buffer openPangu stores) is ignored: RoPE is recomputed from rope_theta;
   * any float dtype (F32/F16/BF16/F64) is converted to the parameter's dtype (BF16 -> F32 is exact);
   * the static KV caches (``*.k_cache`` / ``*.v_cache``) are runtime state, never checkpoint content.
@@ -44,7 +48,7 @@ from eagle_ms.config import ModelConfig
 from eagle_ms.hf_config import hf_bias, model_config_to_hf
 from eagle_ms.files import write_json_atomic
 from eagle_ms.safetensors_format import (FLOAT_TAGS, SAVE_DTYPES, ST_DTYPES, CheckpointError, SafetensorsFile,
-                                         write_safetensors)
+                                         check_float_tensor, write_safetensors)
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -151,7 +155,7 @@ def _describe(items: list[str], limit: int = 5) -> str:
 
 
 def _load_entries(model: nn.Cell, entries: Mapping[str, CheckpointTensor], source: str) -> None:
-    """Validate every key, shape and dtype first, then set the parameters one tensor at a time."""
+    """Validate every key, shape, dtype and value first, then set the parameters one tensor at a time."""
     params = checkpoint_parameters(model)
     entries = {k: e for k, e in entries.items() if not k.endswith(IGNORED_SUFFIXES)}
     missing = [f"'{k}' (model expects shape {tuple(params[k].shape)})" for k in params if k not in entries]
@@ -167,6 +171,9 @@ def _load_entries(model: nn.Cell, entries: Mapping[str, CheckpointTensor], sourc
             for k, e in entries.items() if not e.is_float and params[k].dtype in FLOAT_PARAMS]
     if bad:
         raise CheckpointError(f"checkpoint {source}: {len(bad)} tensor(s) do not fit: {_describe(bad)}")
+    for key in params:
+        if entries[key].is_float:
+            check_float_tensor(key, entries[key].read(), entries[key].dtype, entries[key].source)
     for key, param in params.items():
         arr = entries[key].read()
         assert arr.shape == tuple(param.shape), (key, arr.shape)  # validated from the header above

@@ -10,12 +10,15 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from eagle_ms.config import ModelConfig
+from conftest import REPO
+from eagle_ms.assets import DEMO_DIR
+from eagle_ms.config import ModelConfig, load_config
 from eagle_ms.draft_weights import (ARCHITECTURE, CheckpointError, check_draft_matches_teacher, check_draft_state,
                                     default_draft_config, draft_config_from_json, draft_state, draft_to_target,
                                     expected_draft_keys, load_draft_checkpoint, load_draft_state,
                                     random_draft_state, save_draft_checkpoint, vocab_maps)
 from eagle_ms.models.eagle3 import Eagle3Config, Eagle3Draft
+from helpers_safetensors import relabel
 
 TEACHER = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=8,
                       num_attention_heads=4, num_key_value_heads=2)  # aux layers (2, 4, 5)
@@ -47,7 +50,7 @@ def rewrite(path, edit_tensors=None, edit_config=None):
 
 # ------------------------------------------------------------------------------ round trips and interop
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_round_trip(tmp_path, dtype):
     path, state = saved(tmp_path, dtype=dtype)
     cfg, loaded = load_draft_checkpoint(path, TEACHER)
@@ -273,3 +276,45 @@ def test_config_json_round_trip_without_teacher():
     raw.pop("eagle_config")
     with pytest.raises(CheckpointError, match="eagle_aux_hidden_state_layer_ids"):
         draft_config_from_json(raw, "<x>")
+
+
+# ------------------------------------------------------------------------------ values and vocab-map positions
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_nan_or_inf_refused_naming_file_and_tensor(tmp_path, dtype, bad):
+    path, state = saved(tmp_path, dtype=dtype)
+    st = os.path.join(path, "model.safetensors")
+    weights = load_file(st)
+    weights["midlayer.mlp.up_proj.weight"][7, 1] = bad
+    save_file(weights, st)
+    with pytest.raises(CheckpointError) as err:
+        load_draft_checkpoint(path, TEACHER)
+    assert st in str(err.value) and "'midlayer.mlp.up_proj.weight' holds 1 NaN/Inf" in str(err.value)
+    assert "[7, 1]" in str(err.value)
+
+
+@pytest.mark.parametrize("saved_as,declared", [("float16", "BF16"), ("bfloat16", "F16")])
+def test_relabelled_2byte_dtype_refused(tmp_path, saved_as, declared):
+    path, _ = saved(tmp_path, dtype=saved_as)
+    st = os.path.join(path, "model.safetensors")
+    relabel(st, declared)
+    likely = {"BF16": "F16", "F16": "BF16"}[declared]
+    with pytest.raises(CheckpointError, match=f"'fc.weight' is declared {declared}, but its bytes look like {likely}") \
+            as err:
+        load_draft_checkpoint(path, TEACHER)
+    assert st in str(err.value)
+
+
+def test_seeded_random_drafts_load_in_every_dtype(tmp_path):
+    for seed in range(3):
+        for dtype in ("float16", "bfloat16"):
+            path, _ = saved(tmp_path, seed=seed, dtype=dtype, name=f"{dtype}-{seed}")
+            load_draft_checkpoint(path, TEACHER)
+
+
+def test_shipped_demo_draft_loads():
+    teacher = load_config(os.path.join(REPO, "configs", "demo.yaml")).model
+    cfg, state = load_draft_checkpoint(os.path.join(DEMO_DIR, "draft"), teacher)
+    assert cfg.draft_vocab_size == state["d2t"].size == 2048
+
