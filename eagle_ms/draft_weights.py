@@ -98,8 +98,9 @@ def check_vocab_maps(d2t: np.ndarray, t2d: np.ndarray, cfg: Eagle3Config, source
     targets = np.arange(vd, dtype=np.int64) + d2t.astype(np.int64)
     bad = np.flatnonzero((targets < 0) | (targets >= v))
     if bad.size:
-        raise CheckpointError(f"{source}: 'd2t' maps draft id {bad[0]} to target id {targets[bad[0]]}, "
-                              f"outside [0, vocab_size={v})")
+        i = int(bad[0])
+        raise CheckpointError(f"{source}: 'd2t' maps {bad.size} draft id(s) outside [0, vocab_size={v}); the first: "
+                              f"d2t[{i}] = {int(d2t[i])} maps draft id {i} to target id {int(targets[i])}")
     if np.unique(targets).size != vd:
         raise CheckpointError(f"{source}: 'd2t' maps two draft ids to the same target id")
     in_t2d = t2d.astype(bool)

@@ -318,3 +318,16 @@ def test_shipped_demo_draft_loads():
     cfg, state = load_draft_checkpoint(os.path.join(DEMO_DIR, "draft"), teacher)
     assert cfg.draft_vocab_size == state["d2t"].size == 2048
 
+
+@pytest.mark.parametrize("offset,target", [(60, 65), (-6, -1)])
+def test_d2t_target_out_of_range_names_position_and_value(tmp_path, offset, target):
+    """Every mapped target id (draft id + d2t[draft id]) must lie in [0, teacher vocab)."""
+    path, state = saved(tmp_path)
+    d2t = state["d2t"].copy()
+    d2t[5] = offset  # draft id 5 -> target id 5 + offset
+    rewrite(path, edit_tensors=_set("d2t", d2t))
+    with pytest.raises(CheckpointError) as err:
+        load_draft_checkpoint(path, TEACHER)
+    msg = str(err.value)
+    assert os.path.join(path, "model.safetensors") in msg and "1 draft id(s)" in msg, msg
+    assert f"d2t[5] = {offset} maps draft id 5 to target id {target}" in msg and "[0, vocab_size=64)" in msg, msg
