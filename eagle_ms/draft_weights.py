@@ -24,7 +24,6 @@ State dicts here map checkpoint keys to NumPy arrays (floats as float32, ``d2t``
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import zlib
@@ -36,7 +35,7 @@ from mindspore import Tensor
 
 from eagle_ms.config import ModelConfig
 from eagle_ms.files import write_json_atomic
-from eagle_ms.hf_config import hf_bias
+from eagle_ms.hf_config import hf_aux_layer_ids, hf_bias, read_json_object
 from eagle_ms.models.eagle3 import Eagle3Config
 from eagle_ms.safetensors_format import CheckpointError, SafetensorsFile, check_float_tensor, write_safetensors
 from eagle_ms.weights import SINGLE_FILE
@@ -156,8 +155,9 @@ def draft_config_from_json(raw: dict, source: str, teacher: ModelConfig | None =
             raise CheckpointError(f"{source}: config.json has no '{name}'")
         return raw[name]
 
-    eagle = raw.get("eagle_config") or {}
-    ids = eagle.get("eagle_aux_hidden_state_layer_ids", raw.get("eagle_aux_hidden_state_layer_ids"))
+    if not isinstance(raw.get("eagle_config") or {}, dict):
+        raise CheckpointError(f"{source}: 'eagle_config' must be a JSON object, got {raw['eagle_config']!r}")
+    ids = hf_aux_layer_ids(raw)
     if ids is None:
         if teacher is None:
             raise CheckpointError(f"{source}: config.json has no eagle_config.eagle_aux_hidden_state_layer_ids")
@@ -172,7 +172,7 @@ def draft_config_from_json(raw: dict, source: str, teacher: ModelConfig | None =
             vocab_size=need("vocab_size"),
             draft_vocab_size=raw.get("draft_vocab_size") or need("vocab_size"),
             target_hidden_size=raw.get("target_hidden_size") or need("hidden_size"),
-            aux_layer_ids=tuple(ids) if isinstance(ids, list) else ids,
+            aux_layer_ids=ids,
             head_dim=raw.get("head_dim"),
             rope_theta=raw.get("rope_theta", DEFAULT_ROPE_THETA),
             rms_norm_eps=raw.get("rms_norm_eps", 1e-5),
@@ -294,12 +294,9 @@ def load_draft_checkpoint(path: str, teacher: ModelConfig | None = None) -> tupl
         raise CheckpointError(f"draft checkpoint not found: {st_path} (expected a directory with "
                               f"{SINGLE_FILE} and {CONFIG_FILE})")
     try:
-        with open(cfg_path, encoding="utf-8") as fh:
-            raw = json.load(fh)
+        raw = read_json_object(cfg_path)
     except FileNotFoundError:
         raise CheckpointError(f"draft checkpoint {path}: no {CONFIG_FILE} at {cfg_path}") from None
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{cfg_path}: not valid JSON: {exc}") from None
     cfg = draft_config_from_json(raw, cfg_path, teacher)
     if teacher is not None:
         check_draft_matches_teacher(cfg, teacher, path)

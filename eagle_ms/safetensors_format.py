@@ -1,13 +1,15 @@
-"""The safetensors file format, read and written without torch, and the bfloat16 codec.
+"""The safetensors file format, read and written without torch, the bfloat16 codec, and the value check.
 
 A file is an 8-byte little-endian header length n, a JSON header of n bytes
 ``{key: {"dtype": tag, "shape": [...], "data_offsets": [begin, end]}, "__metadata__": {...}}``, then the raw
 little-endian tensor data; offsets are relative to the start of the data section. ``SafetensorsFile``
 validates every header entry (known dtype tag, byte count = prod(shape) * itemsize, data inside the file)
-and, as the format requires and the reference reader checks, that the tensors' byte ranges do not overlap
-and cover the data section exactly (no gap, no trailing bytes); it reads one tensor at a time. BF16 has no NumPy dtype: it is read as uint16 bit patterns and widened by
-``uint16 -> uint32 << 16`` (exact), and written by round-to-nearest-even (``float32_to_bf16_bits``).
-``write_safetensors`` writes atomically (eagle_ms/files.py), data 8-byte aligned as the reference writer does.
+and, as the format requires and the reference reader checks, that the byte ranges do not overlap and
+cover the data section exactly (no gap, no trailing bytes); it reads one tensor at a time. BF16 has no
+NumPy dtype: it is read as uint16 bit patterns and widened by ``uint16 -> uint32 << 16`` (exact), and
+written by round-to-nearest-even (``float32_to_bf16_bits``). ``write_safetensors`` writes atomically
+(eagle_ms/files.py), data 8-byte aligned as the reference writer does. ``check_float_tensor`` is the
+weight loaders' value check (finite; F16/BF16 tag plausible for the bytes).
 """
 from __future__ import annotations
 

@@ -45,7 +45,7 @@ import mindspore as ms
 from mindspore import Tensor, nn
 
 from eagle_ms.config import ModelConfig
-from eagle_ms.hf_config import hf_bias, model_config_to_hf
+from eagle_ms.hf_config import AUX_IDS_KEY, hf_aux_layer_ids, hf_bias, hf_eos_ids, model_config_to_hf, read_json_object
 from eagle_ms.files import write_json_atomic
 from eagle_ms.safetensors_format import (FLOAT_TAGS, SAVE_DTYPES, ST_DTYPES, CheckpointError, SafetensorsFile,
                                          check_float_tensor, write_safetensors)
@@ -305,32 +305,35 @@ def _remove_stale(out_dir: str, keep: list[str]) -> None:
 # Checkpoint config vs model config
 # ----------------------------------------------------------------------------------------------
 
-_ARCH_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "head_dim", "bias", "tie_word_embeddings", "rope_theta", "rms_norm_eps")
+_SAME_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "bias", "tie_word_embeddings", "rope_theta", "rms_norm_eps",
+                "max_position_embeddings")
 
 
 def check_checkpoint_config(cfg: ModelConfig, checkpoint: str) -> None:
-    """If ``checkpoint`` is a directory with config.json, its architecture must equal ``cfg``'s.
+    """If ``checkpoint`` is a directory with config.json, it must agree with ``cfg``: the architecture,
+    ``max_position_embeddings``, the aux layer ids (``eagle_aux_hidden_state_layer_ids``) and
+    ``eos_token_id`` (an HF list of stop ids agrees when it holds ``cfg.eos_token_id``).
 
-    Fields absent from config.json are not compared (``attention_bias`` is read as ``bias``).
+    Fields absent from config.json are not compared; HF spellings (``attention_bias`` for ``bias``, ...)
+    are read by eagle_ms/hf_config.py. One CheckpointError lists every disagreeing field, both values.
     """
     path = os.path.join(checkpoint, CONFIG_FILE)
     if not (os.path.isdir(checkpoint) and os.path.isfile(path)):
         return
-    try:
-        with open(path, encoding="utf-8") as fh:
-            raw = json.load(fh)
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path}: cannot read checkpoint config: {exc}") from None
-    if hf_bias(raw) is not None:
-        raw["bias"] = hf_bias(raw)
-    diffs = []
-    for name in _ARCH_FIELDS:
-        theirs, ours = raw.get(name), getattr(cfg, name)
-        if theirs is None:
-            continue
-        if not _same(theirs, ours):
-            diffs.append(f"{name}: checkpoint {theirs!r} != config {ours!r}")
+    raw = read_json_object(path)
+    theirs = {name: raw.get(name) for name in _SAME_FIELDS}
+    theirs["bias"] = hf_bias(raw)
+    diffs = [f"{name}: checkpoint {value!r} != config {getattr(cfg, name)!r}" for name, value in theirs.items()
+             if value is not None and not _same(value, getattr(cfg, name))]
+    ids = hf_aux_layer_ids(raw)
+    if ids is not None and ids != tuple(cfg.aux_layer_ids):
+        diffs.append(f"{AUX_IDS_KEY}: checkpoint {list(ids) if isinstance(ids, tuple) else ids!r} != config "
+                     f"aux_layer_ids {list(cfg.aux_layer_ids)}")
+    eos = hf_eos_ids(raw)
+    if eos is not None and not any(_same(e, cfg.eos_token_id) for e in eos):
+        relation = "does not contain" if isinstance(raw["eos_token_id"], list) else "!="
+        diffs.append(f"eos_token_id: checkpoint {raw['eos_token_id']!r} {relation} config {cfg.eos_token_id!r}")
     if diffs:
         raise CheckpointError(f"checkpoint config {path} disagrees with the model config in {len(diffs)} "
                               f"field(s): {'; '.join(diffs)}")

@@ -14,8 +14,8 @@ from conftest import REPO
 from eagle_ms.assets import DEMO_DIR
 from eagle_ms.config import ModelConfig, load_config
 from eagle_ms.draft_weights import (ARCHITECTURE, CheckpointError, check_draft_matches_teacher, check_draft_state,
-                                    default_draft_config, draft_config_from_json, draft_state, draft_to_target,
-                                    expected_draft_keys, load_draft_checkpoint, load_draft_state,
+                                    default_draft_config, draft_config_from_json, draft_config_to_json, draft_state,
+                                    draft_to_target, expected_draft_keys, load_draft_checkpoint, load_draft_state,
                                     random_draft_state, save_draft_checkpoint, vocab_maps)
 from eagle_ms.models.eagle3 import Eagle3Config, Eagle3Draft
 from helpers_safetensors import relabel
@@ -249,6 +249,20 @@ def test_files_missing_or_corrupt(tmp_path):
         load_draft_checkpoint(path, TEACHER)
 
 
+@pytest.mark.parametrize("text", ["[1, 2]", "3", '"hidden_size"', "null"])
+def test_config_json_that_is_not_an_object_is_refused_naming_the_file(tmp_path, text):
+    path, _ = saved(tmp_path)
+    with open(os.path.join(path, "config.json"), "w") as fh:
+        fh.write(text)
+    with pytest.raises(CheckpointError, match="not a JSON object") as err:
+        load_draft_checkpoint(path, TEACHER)
+    assert os.path.join(path, "config.json") in str(err.value)
+    with open(os.path.join(path, "config.json"), "w") as fh:
+        json.dump({**draft_config_to_json(REDUCED), "eagle_config": [2, 4, 5]}, fh)
+    with pytest.raises(CheckpointError, match="'eagle_config' must be a JSON object"):
+        load_draft_checkpoint(path, TEACHER)
+
+
 def test_teacher_check_lists_every_difference():
     other = ModelConfig(vocab_size=96, hidden_size=48, intermediate_size=64, num_hidden_layers=12,
                         num_attention_heads=4, num_key_value_heads=2)
@@ -267,7 +281,6 @@ def test_save_refuses_a_bad_state(tmp_path):
 
 
 def test_config_json_round_trip_without_teacher():
-    from eagle_ms.draft_weights import draft_config_to_json
     cfg = Eagle3Config(hidden_size=48, intermediate_size=40, num_attention_heads=2, num_key_value_heads=1,
                        head_dim=16, vocab_size=100, draft_vocab_size=30, target_hidden_size=64,
                        aux_layer_ids=(1, 3, 7), rope_theta=1e6, rms_norm_eps=1e-6)

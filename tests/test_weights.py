@@ -22,8 +22,8 @@ from eagle_ms.assets import DEMO_DIR
 from eagle_ms.config import load_config
 from eagle_ms.safetensors_format import (CheckpointError, SafetensorsFile, check_float_tensor, read_safetensors,
                                          write_safetensors)
-from eagle_ms.weights import (expected_teacher_keys, load_state, load_teacher_checkpoint, model_state,
-                              random_teacher_state, save_teacher_checkpoint)
+from eagle_ms.weights import (check_checkpoint_config, expected_teacher_keys, load_state, load_teacher_checkpoint,
+                              model_state, random_teacher_state, save_teacher_checkpoint)
 
 BIAS_TIE = [(True, False), (False, False), (True, True), (False, True)]
 Q_KEY = "model.layers.0.self_attn.q_proj.weight"
@@ -349,6 +349,47 @@ def test_config_json_mismatch(tmp_path):
     assert "num_hidden_layers: checkpoint 4 != config 3" in msg and "config.json" in msg
     msg = error_of(build_teacher, tiny_cfg(bias=False), str(tmp_path), 1, 8, "eager")
     assert "bias: checkpoint True != config False" in msg
+
+
+CONFIG_DISAGREES = {  # config.json edit -> what the error must say (tiny_cfg: eos 2, 32768 positions)
+    "eos": ({"eos_token_id": 7}, "eos_token_id: checkpoint 7 != config 2"),
+    "eos list": ({"eos_token_id": [7, 9]}, "eos_token_id: checkpoint [7, 9] does not contain config 2"),
+    "positions": ({"max_position_embeddings": 4096}, "max_position_embeddings: checkpoint 4096 != config 32768"),
+    "aux ids": ({"eagle_aux_hidden_state_layer_ids": [1, 2, 3]},
+                "eagle_aux_hidden_state_layer_ids: checkpoint [1, 2, 3] != config aux_layer_ids [0, 2, 3]"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONFIG_DISAGREES))
+def test_config_json_eos_aux_ids_and_positions_must_agree(tmp_path, case):
+    edit, needle = CONFIG_DISAGREES[case]
+    cfg = tiny_cfg()
+    assert cfg.aux_layer_ids == (0, 2, 3)
+    save_teacher_checkpoint(random_teacher_state(cfg, 1), cfg, str(tmp_path))
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **edit}))
+    msg = error_of(build_teacher, cfg, str(tmp_path), 1, 8, "eager")
+    assert needle in msg and str(path) in msg, msg
+
+
+def test_config_json_agreeing_eos_list_and_absent_fields_pass(tmp_path):
+    cfg = tiny_cfg()
+    save_teacher_checkpoint(random_teacher_state(cfg, 1), cfg, str(tmp_path))
+    path = tmp_path / "config.json"
+    raw = json.loads(path.read_text())
+    for name in ("max_position_embeddings", "eagle_aux_hidden_state_layer_ids"):
+        raw.pop(name)
+    path.write_text(json.dumps({**raw, "eos_token_id": [7, 2]}))  # HF lists several stop ids
+    check_checkpoint_config(cfg, str(tmp_path))
+    for not_an_object in ("[1, 2]", "3", '"x"'):
+        path.write_text(not_an_object)
+        msg = error_of(check_checkpoint_config, cfg, str(tmp_path))
+        assert str(path) in msg and "not a JSON object" in msg, msg
+
+
+def test_shipped_demo_config_agrees_with_shipped_teacher():
+    cfg = load_config(os.path.join(REPO, "configs", "demo.yaml"))
+    check_checkpoint_config(cfg.model, os.path.join(DEMO_DIR, "teacher"))
 
 
 def test_save_rejects_state_that_does_not_fit(tmp_path):
