@@ -113,7 +113,7 @@ def train_lm(model_cfg: ModelConfig, cfg: LMTrainConfig, train_stream: np.ndarra
     ckpt_dir = os.path.join(cfg.work_dir, "checkpoints")
     start, history = 0, {"train": [], "eval": []}
     if latest_step(ckpt_dir) is not None:
-        start, history = load_train_state(ckpt_dir, optimizer)
+        start, history = load_train_state(ckpt_dir, optimizer, log)
         log(f"[resume] from step {start}")
     tokens_per_step = cfg.batch_size * cfg.seq_len
     lrs = lr_schedule(cfg.optim)
