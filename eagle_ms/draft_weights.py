@@ -155,7 +155,7 @@ def draft_config_from_json(raw: dict, source: str, teacher: ModelConfig | None =
             raise CheckpointError(f"{source}: config.json has no '{name}'")
         return raw[name]
 
-    if not isinstance(raw.get("eagle_config") or {}, dict):
+    if raw.get("eagle_config") is not None and not isinstance(raw["eagle_config"], dict):
         raise CheckpointError(f"{source}: 'eagle_config' must be a JSON object, got {raw['eagle_config']!r}")
     ids = hf_aux_layer_ids(raw)
     if ids is None:

@@ -45,7 +45,8 @@ import mindspore as ms
 from mindspore import Tensor, nn
 
 from eagle_ms.config import ModelConfig
-from eagle_ms.hf_config import AUX_IDS_KEY, hf_aux_layer_ids, hf_bias, hf_eos_ids, model_config_to_hf, read_json_object
+from eagle_ms.hf_config import (AUX_IDS_KEY, hf_aux_layer_ids, hf_bias, hf_eos_ids, model_config_to_hf,
+                                read_json_object)
 from eagle_ms.files import write_json_atomic
 from eagle_ms.safetensors_format import (FLOAT_TAGS, SAVE_DTYPES, ST_DTYPES, CheckpointError, SafetensorsFile,
                                          check_float_tensor, write_safetensors)
