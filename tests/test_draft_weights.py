@@ -326,10 +326,17 @@ def test_seeded_random_drafts_load_in_every_dtype(tmp_path):
             load_draft_checkpoint(path, TEACHER)
 
 
-def test_shipped_demo_draft_loads():
+def test_shipped_demo_draft_loads_and_its_relabelled_copies_do_not(tmp_path):
+    """The trained demo draft (fp16) loads; relabelled BF16, or saved as bf16 and relabelled F16, it is refused."""
     teacher = load_config(os.path.join(REPO, "configs", "demo.yaml")).model
     cfg, state = load_draft_checkpoint(os.path.join(DEMO_DIR, "draft"), teacher)
     assert cfg.draft_vocab_size == state["d2t"].size == 2048
+    for saved_as, declared in (("float16", "BF16"), ("bfloat16", "F16")):
+        out = str(tmp_path / saved_as)
+        save_draft_checkpoint(state, cfg, out, saved_as)
+        relabel(os.path.join(out, "model.safetensors"), declared)
+        with pytest.raises(CheckpointError, match=f"'fc.weight' is declared {declared}, but its bytes look like"):
+            load_draft_checkpoint(out, teacher)
 
 
 @pytest.mark.parametrize("offset,target", [(60, 65), (-6, -1)])
