@@ -16,13 +16,14 @@ A draft checkpoint is a directory holding ``model.safetensors`` and ``config.jso
 
 No embedding is stored (the draft reads the teacher's). ``d2t``/``t2d`` may be absent when
 ``draft_vocab_size == vocab_size`` (identity). Any ``embed_tokens`` key a foreign exporter left in is
-ignored. Errors are ``CheckpointError`` naming the key, the shapes and the file.
+ignored. Every float tensor read from a file must be finite and plausible for its F16/BF16 tag
+(``safetensors_format.check_float_tensor``). Errors are ``CheckpointError`` naming the key, the shapes
+and the file.
 
 State dicts here map checkpoint keys to NumPy arrays (floats as float32, ``d2t`` int64, ``t2d`` bool).
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import zlib
@@ -34,9 +35,9 @@ from mindspore import Tensor
 
 from eagle_ms.config import ModelConfig
 from eagle_ms.files import write_json_atomic
-from eagle_ms.hf_config import hf_bias
+from eagle_ms.hf_config import hf_aux_layer_ids, hf_bias, read_json_object
 from eagle_ms.models.eagle3 import Eagle3Config
-from eagle_ms.safetensors_format import CheckpointError, SafetensorsFile, write_safetensors
+from eagle_ms.safetensors_format import CheckpointError, SafetensorsFile, check_float_tensor, write_safetensors
 from eagle_ms.weights import SINGLE_FILE
 
 CONFIG_FILE = "config.json"
@@ -96,8 +97,9 @@ def check_vocab_maps(d2t: np.ndarray, t2d: np.ndarray, cfg: Eagle3Config, source
     targets = np.arange(vd, dtype=np.int64) + d2t.astype(np.int64)
     bad = np.flatnonzero((targets < 0) | (targets >= v))
     if bad.size:
-        raise CheckpointError(f"{source}: 'd2t' maps draft id {bad[0]} to target id {targets[bad[0]]}, "
-                              f"outside [0, vocab_size={v})")
+        i = int(bad[0])
+        raise CheckpointError(f"{source}: 'd2t' maps {bad.size} draft id(s) outside [0, vocab_size={v}); the first: "
+                              f"d2t[{i}] = {int(d2t[i])} maps draft id {i} to target id {int(targets[i])}")
     if np.unique(targets).size != vd:
         raise CheckpointError(f"{source}: 'd2t' maps two draft ids to the same target id")
     in_t2d = t2d.astype(bool)
@@ -153,8 +155,9 @@ def draft_config_from_json(raw: dict, source: str, teacher: ModelConfig | None =
             raise CheckpointError(f"{source}: config.json has no '{name}'")
         return raw[name]
 
-    eagle = raw.get("eagle_config") or {}
-    ids = eagle.get("eagle_aux_hidden_state_layer_ids", raw.get("eagle_aux_hidden_state_layer_ids"))
+    if raw.get("eagle_config") is not None and not isinstance(raw["eagle_config"], dict):
+        raise CheckpointError(f"{source}: 'eagle_config' must be a JSON object, got {raw['eagle_config']!r}")
+    ids = hf_aux_layer_ids(raw)
     if ids is None:
         if teacher is None:
             raise CheckpointError(f"{source}: config.json has no eagle_config.eagle_aux_hidden_state_layer_ids")
@@ -169,7 +172,7 @@ def draft_config_from_json(raw: dict, source: str, teacher: ModelConfig | None =
             vocab_size=need("vocab_size"),
             draft_vocab_size=raw.get("draft_vocab_size") or need("vocab_size"),
             target_hidden_size=raw.get("target_hidden_size") or need("hidden_size"),
-            aux_layer_ids=tuple(ids) if isinstance(ids, list) else ids,
+            aux_layer_ids=ids,
             head_dim=raw.get("head_dim"),
             rope_theta=raw.get("rope_theta", DEFAULT_ROPE_THETA),
             rms_norm_eps=raw.get("rms_norm_eps", 1e-5),
@@ -291,12 +294,9 @@ def load_draft_checkpoint(path: str, teacher: ModelConfig | None = None) -> tupl
         raise CheckpointError(f"draft checkpoint not found: {st_path} (expected a directory with "
                               f"{SINGLE_FILE} and {CONFIG_FILE})")
     try:
-        with open(cfg_path, encoding="utf-8") as fh:
-            raw = json.load(fh)
+        raw = read_json_object(cfg_path)
     except FileNotFoundError:
         raise CheckpointError(f"draft checkpoint {path}: no {CONFIG_FILE} at {cfg_path}") from None
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{cfg_path}: not valid JSON: {exc}") from None
     cfg = draft_config_from_json(raw, cfg_path, teacher)
     if teacher is not None:
         check_draft_matches_teacher(cfg, teacher, path)
@@ -307,7 +307,10 @@ def load_draft_checkpoint(path: str, teacher: ModelConfig | None = None) -> tupl
              if k in header and header[k] != s]
     if wrong:  # before reading any data
         raise CheckpointError(f"draft checkpoint {path}: {'; '.join(wrong[:5])}")
-    state = {k: f.read(k) for k in header}
+    state = {}
+    for key in header:
+        state[key] = f.read(key)
+        check_float_tensor(key, state[key], f.tensors[key][0], st_path)
     return cfg, check_draft_state(state, cfg, st_path)
 
 

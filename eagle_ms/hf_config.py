@@ -1,8 +1,13 @@
 """HF / openPangu ``config.json`` <-> ``ModelConfig``, and the HF field spellings read in one place.
 
-A teacher checkpoint directory carries an HF-style ``config.json``. Its projection-bias flag is spelled
-``bias`` (openPangu) or ``attention_bias`` (Llama); ``hf_bias`` is the one reader of both, used for the
-teacher (this module, eagle_ms/weights.py) and the draft (eagle_ms/draft_weights.py).
+A teacher checkpoint directory carries an HF-style ``config.json``, an EAGLE-3 draft directory its own.
+The readers here are the only ones of each spelling, used for the teacher (this module,
+eagle_ms/weights.py) and the draft (eagle_ms/draft_weights.py):
+  * ``read_json_object``: a config.json file, which must hold a JSON object;
+  * ``hf_bias``: the projection-bias flag, ``bias`` (openPangu) or ``attention_bias`` (Llama);
+  * ``hf_eos_ids``: ``eos_token_id``, an int or (HF) a list of stop ids;
+  * ``hf_aux_layer_ids``: ``eagle_aux_hidden_state_layer_ids``, under ``eagle_config`` (drafts) or at the
+    top level (this project's teacher config.json).
 """
 from __future__ import annotations
 
@@ -12,6 +17,28 @@ from dataclasses import fields
 from typing import Any, Mapping
 
 from eagle_ms.config import ModelConfig, build_section
+from eagle_ms.safetensors_format import CheckpointError
+
+AUX_IDS_KEY = "eagle_aux_hidden_state_layer_ids"
+
+
+def read_json_object(path: str) -> dict:
+    """The JSON object in the file ``path``. FileNotFoundError propagates (callers decide what a missing
+    file means); an unreadable file, invalid JSON or another JSON value (list, number, ...) raise
+    CheckpointError naming the file."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            raw = json.load(fh)
+    except FileNotFoundError:
+        raise
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path}: cannot read: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{path}: not a JSON object (it holds a {type(raw).__name__}); a config.json maps "
+                              f"field names to values")
+    return raw
 
 
 def hf_bias(raw: Mapping[str, Any]) -> bool | None:
@@ -23,6 +50,23 @@ def hf_bias(raw: Mapping[str, Any]) -> bool | None:
     return None
 
 
+def hf_eos_ids(raw: Mapping[str, Any]) -> tuple | None:
+    """``eos_token_id`` as a tuple of ids (HF allows an int or a list), or None when absent."""
+    eos = raw.get("eos_token_id")
+    if eos is None:
+        return None
+    return tuple(eos) if isinstance(eos, list) else (eos,)
+
+
+def hf_aux_layer_ids(raw: Mapping[str, Any]):
+    """The EAGLE-3 aux layer ids: ``eagle_config.eagle_aux_hidden_state_layer_ids``, else the top-level
+    ``eagle_aux_hidden_state_layer_ids``, else None. A list becomes a tuple; any other value is returned
+    as it is, for the caller's validation to name."""
+    eagle = raw.get("eagle_config")
+    ids = eagle[AUX_IDS_KEY] if isinstance(eagle, dict) and AUX_IDS_KEY in eagle else raw.get(AUX_IDS_KEY)
+    return tuple(ids) if isinstance(ids, list) else ids
+
+
 def model_config_from_hf(path: str, **extra) -> ModelConfig:
     """Read an HF/openPangu ``config.json`` (a file or a directory holding one) into a ModelConfig.
 
@@ -31,23 +75,20 @@ def model_config_from_hf(path: str, **extra) -> ModelConfig:
     if os.path.isdir(path):
         path = os.path.join(path, "config.json")
     try:
-        with open(path, encoding="utf-8") as fh:
-            raw = json.load(fh)
+        raw = read_json_object(path)
     except FileNotFoundError:
         raise FileNotFoundError(f"model config.json not found: {path}") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not valid JSON: {exc}") from None
     known = {f.name for f in fields(ModelConfig)}
     data = {k: v for k, v in raw.items() if k in known}
     bias = hf_bias(raw)
     if bias is not None:
         data["bias"] = bias
-    eos = data.get("eos_token_id")
-    if isinstance(eos, list):
+    eos = hf_eos_ids(raw)
+    if eos:
         data["eos_token_id"] = eos[0]
-    ids = raw.get("eagle_aux_hidden_state_layer_ids")
+    ids = hf_aux_layer_ids(raw)
     if ids is not None:
-        data["aux_layer_ids"] = tuple(ids)
+        data["aux_layer_ids"] = ids
     data.update(extra)
     return build_section(ModelConfig, data, f"{path}")
 
@@ -73,6 +114,6 @@ def model_config_to_hf(cfg: ModelConfig) -> dict:
         "bos_token_id": cfg.bos_token_id,
         "eos_token_id": cfg.eos_token_id,
         "pad_token_id": cfg.pad_token_id,
-        "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
+        AUX_IDS_KEY: list(cfg.aux_layer_ids),
         "torch_dtype": cfg.compute_dtype,
     }

@@ -1,12 +1,15 @@
-"""The safetensors file format, read and written without torch, and the bfloat16 codec.
+"""The safetensors file format, read and written without torch, the bfloat16 codec, and the value check.
 
 A file is an 8-byte little-endian header length n, a JSON header of n bytes
 ``{key: {"dtype": tag, "shape": [...], "data_offsets": [begin, end]}, "__metadata__": {...}}``, then the raw
 little-endian tensor data; offsets are relative to the start of the data section. ``SafetensorsFile``
 validates every header entry (known dtype tag, byte count = prod(shape) * itemsize, data inside the file)
-and reads one tensor at a time. BF16 has no NumPy dtype: it is read as uint16 bit patterns and widened by
-``uint16 -> uint32 << 16`` (exact), and written by round-to-nearest-even (``float32_to_bf16_bits``).
-``write_safetensors`` writes atomically (eagle_ms/files.py), data 8-byte aligned as the reference writer does.
+and, as the format requires and the reference reader checks, that the byte ranges do not overlap and
+cover the data section exactly (no gap, no trailing bytes); it reads one tensor at a time. BF16 has no
+NumPy dtype: it is read as uint16 bit patterns and widened by ``uint16 -> uint32 << 16`` (exact), and
+written by round-to-nearest-even (``float32_to_bf16_bits``). ``write_safetensors`` writes atomically
+(eagle_ms/files.py), data 8-byte aligned as the reference writer does. ``check_float_tensor`` is the
+weight loaders' value check (finite; F16/BF16 tag plausible for the bytes).
 """
 from __future__ import annotations
 
@@ -27,6 +30,14 @@ ST_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i
              "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
 FLOAT_TAGS = ("F64", "F32", "F16", "BF16")
 SAVE_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
+OTHER_2BYTE = {"F16": "BF16", "BF16": "F16"}  # the two tags whose bytes are easily mixed up
+
+# check_float_tensor's relabel test: statistics of the nonzero values of one (sampled) tensor
+WEIGHT_MEDIAN = (1e-7, 1e6)  # median |w| of any real network weight lies in here
+MIN_ELEMENTS = 64  # fewer nonzero values: no evidence either way
+MIN_NEAR_ZERO_ELEMENTS = 1024  # the near-zero test below needs this many
+NEAR_ZERO_SHARE = 0.01  # zero-centred weights: share of |w| < median/8 is ~6.7 % (Gaussian), 6.2 % (uniform)
+SAMPLE = 65536  # statistics on an evenly strided sample of at most this many values
 
 
 class CheckpointError(ValueError):
@@ -64,6 +75,7 @@ class SafetensorsFile:
         self.metadata = header.pop("__metadata__", None) or {}
         self.data_start = 8 + n
         self.tensors = {k: self._check_entry(k, v, size - self.data_start) for k, v in header.items()}
+        self._check_layout(size - self.data_start)
 
     def _check_entry(self, key: str, info, data_size: int) -> tuple[str, tuple[int, ...], int, int]:
         try:
@@ -82,6 +94,23 @@ class SafetensorsFile:
                                   f"the file holds {data_size}")
         return tag, shape, begin, end
 
+    def _check_layout(self, data_size: int) -> None:
+        """Byte ranges sorted by offset must be back to back from 0 to the end of the file."""
+        start, end, last = 0, 0, None
+        for begin, stop, key in sorted((b, e, k) for k, (_, _, b, e) in self.tensors.items()):
+            if begin < end:
+                raise CheckpointError(f"{self.path}: tensors '{last}' [{start}, {end}) and '{key}' "
+                                      f"[{begin}, {stop}) overlap in the data section")
+            if begin > end:
+                where = f"between '{last}' and '{key}'" if last else f"before '{key}'"
+                raise CheckpointError(f"{self.path}: gap in the data section: bytes [{end}, {begin}) {where} "
+                                      f"belong to no tensor")
+            start, end, last = begin, stop, key
+        if end != data_size:
+            where = f"after the last tensor '{last}' (its data ends at {end})" if last else "but no tensor"
+            raise CheckpointError(f"{self.path}: {data_size - end} byte(s) in the data section {where}; the "
+                                  f"data section holds {data_size}")
+
     def keys(self) -> list[str]:
         return list(self.tensors)
 
@@ -98,6 +127,72 @@ class SafetensorsFile:
         if tag == "BF16":
             return (arr.astype(np.uint32) << 16).view(np.float32)
         return arr.astype(arr.dtype.newbyteorder("="), copy=True)
+
+
+def _decode_2byte(bits: np.ndarray, tag: str) -> np.ndarray:
+    """uint16 bit patterns -> float32 values, read as F16 or BF16."""
+    if tag == "F16":
+        return bits.view(np.float16).astype(np.float32)
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def _not_weights(x: np.ndarray) -> str | None:
+    """Why float32 values ``x`` cannot be a network weight's, or None when they can (see check_float_tensor)."""
+    x = x[x != 0]
+    if x.size < MIN_ELEMENTS:
+        return None
+    if not np.isfinite(x).all():
+        return "it holds NaN/Inf"
+    mags = np.abs(x)
+    median = float(np.median(mags))
+    if not WEIGHT_MEDIAN[0] <= median <= WEIGHT_MEDIAN[1]:
+        return f"its median |x| {median:.3g} is outside [{WEIGHT_MEDIAN[0]:g}, {WEIGHT_MEDIAN[1]:g}]"
+    if x.size >= MIN_NEAR_ZERO_ELEMENTS and 0.25 <= np.mean(x < 0) <= 0.75:
+        share = float(np.mean(mags < median / 8))
+        if share < NEAR_ZERO_SHARE:
+            return f"its signs are mixed but only {share:.2%} of |x| lie below median/8 (median {median:.3g})"
+    return None
+
+
+def check_float_tensor(key: str, arr: np.ndarray, tag: str, source: str) -> None:
+    """Refuse a float tensor (as ``SafetensorsFile.read`` returns it) whose values are not finite, or whose
+    2-byte tag ``tag`` (F16 / BF16) cannot be what its bytes hold; CheckpointError names ``source`` and ``key``.
+
+    The relabel test reads an evenly strided sample (<= SAMPLE values; zeros dropped, they mean 0 in
+    both) once as the declared tag and once as the other 2-byte tag, and refuses the tensor when the
+    declared reading cannot be a network weight and the other one can. A reading cannot be when
+      (a) its median |x| lies outside WEIGHT_MEDIAN, or
+      (b) its signs are mixed (25-75 % negative; >= 1024 values) but under 1 % of |x| lie below median/8.
+    F16 bytes read as BF16 turn magnitude 2^k into ~2^(8k-7) (0.02 -> ~1e-16): (a) catches zero-centred or
+    positive F16 tensors of median |w| below ~0.25 or above ~10. BF16 bytes read as F16 turn 2^k into
+    ~2^((k+127)/8 - 15), which squeezes 0.02 and 1 alike into [1, 2) with nothing near zero: (b) catches
+    zero-centred BF16 tensors of >= 1024 values (an embedding or any projection matrix). Not caught:
+    norm-like (positive) tensors relabelled BF16 -> F16, F16 tensors of median |w| in ~[0.25, 10]
+    relabelled F16 -> BF16, tensors of fewer than 64 nonzero values, all-zero tensors (identical either
+    way) and BF16 -> F16 relabels of tensors under 1024 values; a file of ordinary weights is still refused
+    at its first matrix. A true tensor is refused only if its own reading fails (a) or (b) and the other
+    reading passes both, e.g. a sign-mixed F16 matrix with no values near zero and median |w| in [0.25, 10].
+    """
+    if arr.dtype.kind != "f":
+        return
+    finite = np.isfinite(arr)
+    if not finite.all():
+        bad = np.flatnonzero(~finite)
+        first = tuple(int(i) for i in np.unravel_index(bad[0], arr.shape))
+        raise CheckpointError(f"{source}: tensor '{key}' holds {bad.size} NaN/Inf value(s) (first: {arr[first]} "
+                              f"at index {list(first)})")
+    if tag not in OTHER_2BYTE:
+        return
+    flat = arr.reshape(-1)
+    sample = np.ascontiguousarray(flat[::max(1, flat.size // SAMPLE)])
+    bits = sample.view(np.uint16) if tag == "F16" else (sample.view(np.uint32) >> 16).astype(np.uint16)
+    other = OTHER_2BYTE[tag]
+    problem, as_other = _not_weights(_decode_2byte(bits, tag)), _decode_2byte(bits, other)
+    if problem and _not_weights(as_other) is None:
+        raise CheckpointError(f"{source}: tensor '{key}' is declared {tag}, but its bytes look like {other}: read "
+                              f"as {tag} {problem}; read as {other} they look like network weights (median |x| "
+                              f"{float(np.median(np.abs(as_other[as_other != 0]))):.3g}). Was the file's dtype "
+                              f"relabelled?")
 
 
 def read_safetensors(path: str) -> dict[str, np.ndarray]:

@@ -16,6 +16,10 @@ Key mapping: the HF key IS the Cell parameter name (``model.parameters_and_names
 Linear weights are ``[out, in]`` as stored by HF, so nothing is transposed. Rules of ``load_state``:
   * strict: a missing key, an unexpected key or a shape mismatch raises ``CheckpointError`` naming the
     key, the shapes and the source file, before any parameter is changed;
+  * values: every float tensor must be finite and, when stored as F16/BF16, plausible for that tag
+    (``safetensors_format.check_float_tensor``: catches F16 <-> BF16 relabelled files). All tensors are
+    checked before the first parameter is set, so a file's tensors are read twice (once to check, once
+    to set; host memory stays at one tensor) and a refused checkpoint leaves the model unchanged;
   * ``*.rotary_emb.inv_freq`` (a buffer openPangu stores) is ignored: RoPE is recomputed from rope_theta;
   * any float dtype (F32/F16/BF16/F64) is converted to the parameter's dtype (BF16 -> F32 is exact);
   * the static KV caches (``*.k_cache`` / ``*.v_cache``) are runtime state, never checkpoint content.
@@ -41,10 +45,11 @@ import mindspore as ms
 from mindspore import Tensor, nn
 
 from eagle_ms.config import ModelConfig
-from eagle_ms.hf_config import hf_bias, model_config_to_hf
+from eagle_ms.hf_config import (AUX_IDS_KEY, hf_aux_layer_ids, hf_bias, hf_eos_ids, model_config_to_hf,
+                                read_json_object)
 from eagle_ms.files import write_json_atomic
 from eagle_ms.safetensors_format import (FLOAT_TAGS, SAVE_DTYPES, ST_DTYPES, CheckpointError, SafetensorsFile,
-                                         write_safetensors)
+                                         check_float_tensor, write_safetensors)
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -151,7 +156,7 @@ def _describe(items: list[str], limit: int = 5) -> str:
 
 
 def _load_entries(model: nn.Cell, entries: Mapping[str, CheckpointTensor], source: str) -> None:
-    """Validate every key, shape and dtype first, then set the parameters one tensor at a time."""
+    """Validate every key, shape, dtype and value first, then set the parameters one tensor at a time."""
     params = checkpoint_parameters(model)
     entries = {k: e for k, e in entries.items() if not k.endswith(IGNORED_SUFFIXES)}
     missing = [f"'{k}' (model expects shape {tuple(params[k].shape)})" for k in params if k not in entries]
@@ -167,6 +172,9 @@ def _load_entries(model: nn.Cell, entries: Mapping[str, CheckpointTensor], sourc
             for k, e in entries.items() if not e.is_float and params[k].dtype in FLOAT_PARAMS]
     if bad:
         raise CheckpointError(f"checkpoint {source}: {len(bad)} tensor(s) do not fit: {_describe(bad)}")
+    for key in params:
+        if entries[key].is_float:
+            check_float_tensor(key, entries[key].read(), entries[key].dtype, entries[key].source)
     for key, param in params.items():
         arr = entries[key].read()
         assert arr.shape == tuple(param.shape), (key, arr.shape)  # validated from the header above
@@ -298,32 +306,35 @@ def _remove_stale(out_dir: str, keep: list[str]) -> None:
 # Checkpoint config vs model config
 # ----------------------------------------------------------------------------------------------
 
-_ARCH_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "head_dim", "bias", "tie_word_embeddings", "rope_theta", "rms_norm_eps")
+_SAME_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "bias", "tie_word_embeddings", "rope_theta", "rms_norm_eps",
+                "max_position_embeddings")
 
 
 def check_checkpoint_config(cfg: ModelConfig, checkpoint: str) -> None:
-    """If ``checkpoint`` is a directory with config.json, its architecture must equal ``cfg``'s.
+    """If ``checkpoint`` is a directory with config.json, it must agree with ``cfg``: the architecture,
+    ``max_position_embeddings``, the aux layer ids (``eagle_aux_hidden_state_layer_ids``) and
+    ``eos_token_id`` (an HF list of stop ids agrees when it holds ``cfg.eos_token_id``).
 
-    Fields absent from config.json are not compared (``attention_bias`` is read as ``bias``).
+    Fields absent from config.json are not compared; HF spellings (``attention_bias`` for ``bias``, ...)
+    are read by eagle_ms/hf_config.py. One CheckpointError lists every disagreeing field, both values.
     """
     path = os.path.join(checkpoint, CONFIG_FILE)
     if not (os.path.isdir(checkpoint) and os.path.isfile(path)):
         return
-    try:
-        with open(path, encoding="utf-8") as fh:
-            raw = json.load(fh)
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path}: cannot read checkpoint config: {exc}") from None
-    if hf_bias(raw) is not None:
-        raw["bias"] = hf_bias(raw)
-    diffs = []
-    for name in _ARCH_FIELDS:
-        theirs, ours = raw.get(name), getattr(cfg, name)
-        if theirs is None:
-            continue
-        if not _same(theirs, ours):
-            diffs.append(f"{name}: checkpoint {theirs!r} != config {ours!r}")
+    raw = read_json_object(path)
+    theirs = {name: raw.get(name) for name in _SAME_FIELDS}
+    theirs["bias"] = hf_bias(raw)
+    diffs = [f"{name}: checkpoint {value!r} != config {getattr(cfg, name)!r}" for name, value in theirs.items()
+             if value is not None and not _same(value, getattr(cfg, name))]
+    ids = hf_aux_layer_ids(raw)
+    if ids is not None and ids != tuple(cfg.aux_layer_ids):
+        diffs.append(f"{AUX_IDS_KEY}: checkpoint {list(ids) if isinstance(ids, tuple) else ids!r} != config "
+                     f"aux_layer_ids {list(cfg.aux_layer_ids)}")
+    eos = hf_eos_ids(raw)
+    if eos is not None and not any(_same(e, cfg.eos_token_id) for e in eos):
+        relation = "does not contain" if isinstance(raw["eos_token_id"], list) else "!="
+        diffs.append(f"eos_token_id: checkpoint {raw['eos_token_id']!r} {relation} config {cfg.eos_token_id!r}")
     if diffs:
         raise CheckpointError(f"checkpoint config {path} disagrees with the model config in {len(diffs)} "
                               f"field(s): {'; '.join(diffs)}")

@@ -145,3 +145,29 @@ def test_an_os_error_naming_the_output_is_a_clear_error(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.startswith("eagle-ms build-vocab: error: [Errno 20] Not a directory")
     assert str(tmp_path / "file") in proc.stderr
+
+
+def test_refused_checkpoints_are_clear_errors(tmp_path):
+    """A checkpoint refused by the loaders (here: NaN in a teacher tensor, a draft config.json that is a
+    list) is reported as `eagle-ms generate: error: ...` naming the file, without a traceback."""
+    from eagle_ms.config import load_config
+    from eagle_ms.draft_weights import default_draft_config, random_draft_state, save_draft_checkpoint
+    from eagle_ms.weights import random_teacher_state, save_teacher_checkpoint
+
+    model = load_config(TINY).model
+    state = random_teacher_state(model, 0)
+    state["model.norm.weight"][3] = float("nan")
+    save_teacher_checkpoint(state, model, str(tmp_path / "teacher"))
+    proc = run_cli("generate", "--config", TINY, "--prompt-ids", "5,6",
+                   "--set", f"model.checkpoint={tmp_path}/teacher")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "eagle-ms generate: error:" in proc.stderr and "'model.norm.weight' holds 1 NaN/Inf" in proc.stderr
+    assert str(tmp_path / "teacher" / "model.safetensors") in proc.stderr
+
+    draft = default_draft_config(model)
+    save_draft_checkpoint(random_draft_state(draft, 0), draft, str(tmp_path / "draft"))
+    (tmp_path / "draft" / "config.json").write_text("[1, 2]")
+    proc = run_cli("generate", "--config", TINY, "--prompt-ids", "5,6", "--draft", "eagle3",
+                   "--set", f"speculative.draft_path={tmp_path}/draft")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert f"{tmp_path}/draft/config.json: not a JSON object" in proc.stderr

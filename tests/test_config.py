@@ -126,3 +126,6 @@ def test_hf_config_errors_name_the_file(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
         model_config_from_hf(str(tmp_path))
+    (tmp_path / "config.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="config.json: not a JSON object"):
+        model_config_from_hf(str(tmp_path))

@@ -10,12 +10,15 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from eagle_ms.config import ModelConfig
+from conftest import REPO
+from eagle_ms.assets import DEMO_DIR
+from eagle_ms.config import ModelConfig, load_config
 from eagle_ms.draft_weights import (ARCHITECTURE, CheckpointError, check_draft_matches_teacher, check_draft_state,
-                                    default_draft_config, draft_config_from_json, draft_state, draft_to_target,
-                                    expected_draft_keys, load_draft_checkpoint, load_draft_state,
+                                    default_draft_config, draft_config_from_json, draft_config_to_json, draft_state,
+                                    draft_to_target, expected_draft_keys, load_draft_checkpoint, load_draft_state,
                                     random_draft_state, save_draft_checkpoint, vocab_maps)
 from eagle_ms.models.eagle3 import Eagle3Config, Eagle3Draft
+from helpers_safetensors import relabel
 
 TEACHER = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=8,
                       num_attention_heads=4, num_key_value_heads=2)  # aux layers (2, 4, 5)
@@ -47,7 +50,7 @@ def rewrite(path, edit_tensors=None, edit_config=None):
 
 # ------------------------------------------------------------------------------ round trips and interop
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_round_trip(tmp_path, dtype):
     path, state = saved(tmp_path, dtype=dtype)
     cfg, loaded = load_draft_checkpoint(path, TEACHER)
@@ -246,6 +249,20 @@ def test_files_missing_or_corrupt(tmp_path):
         load_draft_checkpoint(path, TEACHER)
 
 
+@pytest.mark.parametrize("text", ["[1, 2]", "3", '"hidden_size"', "null"])
+def test_config_json_that_is_not_an_object_is_refused_naming_the_file(tmp_path, text):
+    path, _ = saved(tmp_path)
+    with open(os.path.join(path, "config.json"), "w") as fh:
+        fh.write(text)
+    with pytest.raises(CheckpointError, match="not a JSON object") as err:
+        load_draft_checkpoint(path, TEACHER)
+    assert os.path.join(path, "config.json") in str(err.value)
+    with open(os.path.join(path, "config.json"), "w") as fh:
+        json.dump({**draft_config_to_json(REDUCED), "eagle_config": [2, 4, 5]}, fh)
+    with pytest.raises(CheckpointError, match="'eagle_config' must be a JSON object"):
+        load_draft_checkpoint(path, TEACHER)
+
+
 def test_teacher_check_lists_every_difference():
     other = ModelConfig(vocab_size=96, hidden_size=48, intermediate_size=64, num_hidden_layers=12,
                         num_attention_heads=4, num_key_value_heads=2)
@@ -264,7 +281,6 @@ def test_save_refuses_a_bad_state(tmp_path):
 
 
 def test_config_json_round_trip_without_teacher():
-    from eagle_ms.draft_weights import draft_config_to_json
     cfg = Eagle3Config(hidden_size=48, intermediate_size=40, num_attention_heads=2, num_key_value_heads=1,
                        head_dim=16, vocab_size=100, draft_vocab_size=30, target_hidden_size=64,
                        aux_layer_ids=(1, 3, 7), rope_theta=1e6, rms_norm_eps=1e-6)
@@ -273,3 +289,65 @@ def test_config_json_round_trip_without_teacher():
     raw.pop("eagle_config")
     with pytest.raises(CheckpointError, match="eagle_aux_hidden_state_layer_ids"):
         draft_config_from_json(raw, "<x>")
+
+
+# ------------------------------------------------------------------------------ values and vocab-map positions
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_nan_or_inf_refused_naming_file_and_tensor(tmp_path, dtype, bad):
+    path, state = saved(tmp_path, dtype=dtype)
+    st = os.path.join(path, "model.safetensors")
+    weights = load_file(st)
+    weights["midlayer.mlp.up_proj.weight"][7, 1] = bad
+    save_file(weights, st)
+    with pytest.raises(CheckpointError) as err:
+        load_draft_checkpoint(path, TEACHER)
+    assert st in str(err.value) and "'midlayer.mlp.up_proj.weight' holds 1 NaN/Inf" in str(err.value)
+    assert "[7, 1]" in str(err.value)
+
+
+@pytest.mark.parametrize("saved_as,declared", [("float16", "BF16"), ("bfloat16", "F16")])
+def test_relabelled_2byte_dtype_refused(tmp_path, saved_as, declared):
+    path, _ = saved(tmp_path, dtype=saved_as)
+    st = os.path.join(path, "model.safetensors")
+    relabel(st, declared)
+    likely = {"BF16": "F16", "F16": "BF16"}[declared]
+    with pytest.raises(CheckpointError, match=f"'fc.weight' is declared {declared}, but its bytes look like {likely}") \
+            as err:
+        load_draft_checkpoint(path, TEACHER)
+    assert st in str(err.value)
+
+
+def test_seeded_random_drafts_load_in_every_dtype(tmp_path):
+    for seed in range(3):
+        for dtype in ("float16", "bfloat16"):
+            path, _ = saved(tmp_path, seed=seed, dtype=dtype, name=f"{dtype}-{seed}")
+            load_draft_checkpoint(path, TEACHER)
+
+
+def test_shipped_demo_draft_loads_and_its_relabelled_copies_do_not(tmp_path):
+    """The trained demo draft (fp16) loads; relabelled BF16, or saved as bf16 and relabelled F16, it is refused."""
+    teacher = load_config(os.path.join(REPO, "configs", "demo.yaml")).model
+    cfg, state = load_draft_checkpoint(os.path.join(DEMO_DIR, "draft"), teacher)
+    assert cfg.draft_vocab_size == state["d2t"].size == 2048
+    for saved_as, declared in (("float16", "BF16"), ("bfloat16", "F16")):
+        out = str(tmp_path / saved_as)
+        save_draft_checkpoint(state, cfg, out, saved_as)
+        relabel(os.path.join(out, "model.safetensors"), declared)
+        with pytest.raises(CheckpointError, match=f"'fc.weight' is declared {declared}, but its bytes look like"):
+            load_draft_checkpoint(out, teacher)
+
+
+@pytest.mark.parametrize("offset,target", [(60, 65), (-6, -1)])
+def test_d2t_target_out_of_range_names_position_and_value(tmp_path, offset, target):
+    """Every mapped target id (draft id + d2t[draft id]) must lie in [0, teacher vocab)."""
+    path, state = saved(tmp_path)
+    d2t = state["d2t"].copy()
+    d2t[5] = offset  # draft id 5 -> target id 5 + offset
+    rewrite(path, edit_tensors=_set("d2t", d2t))
+    with pytest.raises(CheckpointError) as err:
+        load_draft_checkpoint(path, TEACHER)
+    msg = str(err.value)
+    assert os.path.join(path, "model.safetensors") in msg and "1 draft id(s)" in msg, msg
+    assert f"d2t[5] = {offset} maps draft id 5 to target id {target}" in msg and "[0, vocab_size=64)" in msg, msg

@@ -13,12 +13,17 @@ import safetensors.numpy as stnp
 
 import mindspore as ms
 
+from conftest import REPO
+from helpers_safetensors import relabel
 from eagle_ms.config import ModelConfig
 from eagle_ms.models.pangu import PanguForCausalLM
 from eagle_ms.runtime import build_teacher
-from eagle_ms.safetensors_format import CheckpointError, read_safetensors, write_safetensors
-from eagle_ms.weights import (expected_teacher_keys, load_state, load_teacher_checkpoint, model_state,
-                              random_teacher_state, save_teacher_checkpoint)
+from eagle_ms.assets import DEMO_DIR
+from eagle_ms.config import load_config
+from eagle_ms.safetensors_format import (CheckpointError, SafetensorsFile, check_float_tensor, read_safetensors,
+                                         write_safetensors)
+from eagle_ms.weights import (check_checkpoint_config, expected_teacher_keys, load_state, load_teacher_checkpoint,
+                              model_state, random_teacher_state, save_teacher_checkpoint)
 
 BIAS_TIE = [(True, False), (False, False), (True, True), (False, True)]
 Q_KEY = "model.layers.0.self_attn.q_proj.weight"
@@ -300,6 +305,41 @@ def test_truncated_and_corrupt_files(tmp_path):
     assert "not found" in error_of(load_teacher_checkpoint, model, str(tmp_path / "nope"))
 
 
+def write_with_offsets(path, offsets, data_bytes):
+    """F32 tensors of 2 elements at the given data_offsets over ``data_bytes`` zero bytes."""
+    header = {k: {"dtype": "F32", "shape": [(end - begin) // 4], "data_offsets": [begin, end]}
+              for k, (begin, end) in offsets.items()}
+    head = json.dumps(header).encode()
+    with open(path, "wb") as fh:
+        fh.write(struct.pack("<Q", len(head)) + head + bytes(data_bytes))
+
+
+LAYOUTS = {  # tensor -> data_offsets, data section bytes, what the error must say
+    "overlap": ({"a": (0, 8), "b": (4, 12)}, 12, ["'a' [0, 8)", "'b' [4, 12)", "overlap"]),
+    "gap": ({"a": (0, 8), "b": (12, 20)}, 20, ["gap", "[8, 12)", "'a'", "'b'"]),
+    "leading gap": ({"a": (4, 12)}, 12, ["gap", "[0, 4)", "'a'"]),
+    "trailing bytes": ({"a": (0, 8)}, 12, ["4 byte(s) in the data section after the last tensor 'a'"]),
+    "data, no tensor": ({}, 4, ["4 byte(s) in the data section but no tensor"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LAYOUTS))
+def test_overlapping_or_gapped_data_refused_like_the_reference_reader(tmp_path, case):
+    offsets, data_bytes, needles = LAYOUTS[case]
+    path = str(tmp_path / "layout.safetensors")
+    write_with_offsets(path, offsets, data_bytes)
+    with pytest.raises(Exception, match="offset|not fully covered"):
+        stnp.load_file(path)  # the reference library refuses it too
+    msg = error_of(SafetensorsFile, path)
+    assert path in msg and all(n in msg for n in needles), msg
+
+
+def test_contiguous_data_with_empty_tensors_reads(tmp_path):
+    path = str(tmp_path / "ok.safetensors")
+    write_with_offsets(path, {"z": (0, 0), "a": (0, 8), "e": (8, 8), "b": (8, 16)}, 16)
+    assert set(stnp.load_file(path)) == set(SafetensorsFile(path).keys()) == {"z", "a", "e", "b"}
+
+
 def test_config_json_mismatch(tmp_path):
     cfg = tiny_cfg()
     save_teacher_checkpoint(random_teacher_state(cfg, 1), cfg, str(tmp_path))
@@ -311,9 +351,136 @@ def test_config_json_mismatch(tmp_path):
     assert "bias: checkpoint True != config False" in msg
 
 
+CONFIG_DISAGREES = {  # config.json edit -> what the error must say (tiny_cfg: eos 2, 32768 positions)
+    "eos": ({"eos_token_id": 7}, "eos_token_id: checkpoint 7 != config 2"),
+    "eos list": ({"eos_token_id": [7, 9]}, "eos_token_id: checkpoint [7, 9] does not contain config 2"),
+    "positions": ({"max_position_embeddings": 4096}, "max_position_embeddings: checkpoint 4096 != config 32768"),
+    "aux ids": ({"eagle_aux_hidden_state_layer_ids": [1, 2, 3]},
+                "eagle_aux_hidden_state_layer_ids: checkpoint [1, 2, 3] != config aux_layer_ids [0, 2, 3]"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONFIG_DISAGREES))
+def test_config_json_eos_aux_ids_and_positions_must_agree(tmp_path, case):
+    edit, needle = CONFIG_DISAGREES[case]
+    cfg = tiny_cfg()
+    assert cfg.aux_layer_ids == (0, 2, 3)
+    save_teacher_checkpoint(random_teacher_state(cfg, 1), cfg, str(tmp_path))
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **edit}))
+    msg = error_of(build_teacher, cfg, str(tmp_path), 1, 8, "eager")
+    assert needle in msg and str(path) in msg, msg
+
+
+def test_config_json_agreeing_eos_list_and_absent_fields_pass(tmp_path):
+    cfg = tiny_cfg()
+    save_teacher_checkpoint(random_teacher_state(cfg, 1), cfg, str(tmp_path))
+    path = tmp_path / "config.json"
+    raw = json.loads(path.read_text())
+    for name in ("max_position_embeddings", "eagle_aux_hidden_state_layer_ids"):
+        raw.pop(name)
+    path.write_text(json.dumps({**raw, "eos_token_id": [7, 2]}))  # HF lists several stop ids
+    check_checkpoint_config(cfg, str(tmp_path))
+    for not_an_object in ("[1, 2]", "3", '"x"'):
+        path.write_text(not_an_object)
+        msg = error_of(check_checkpoint_config, cfg, str(tmp_path))
+        assert str(path) in msg and "not a JSON object" in msg, msg
+
+
+def test_shipped_demo_config_agrees_with_shipped_teacher():
+    cfg = load_config(os.path.join(REPO, "configs", "demo.yaml"))
+    check_checkpoint_config(cfg.model, os.path.join(DEMO_DIR, "teacher"))
+
+
 def test_save_rejects_state_that_does_not_fit(tmp_path):
     cfg = tiny_cfg()
     state = random_teacher_state(cfg, 1)
     msg = error_of(save_teacher_checkpoint, {**state, Q_KEY: np.zeros((2, 2), np.float32)}, cfg, str(tmp_path))
     assert Q_KEY in msg and "(2, 2)" in msg
     assert not os.listdir(tmp_path)
+
+
+# ---------------------------------------------------------------- values: NaN/Inf, relabelled dtypes
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_nan_or_inf_refused_naming_file_and_tensor_model_unchanged(tmp_path, dtype, bad):
+    cfg = tiny_cfg()
+    state = random_teacher_state(cfg, 1)
+    state["lm_head.weight"][3, 5] = bad  # the last tensor: a one-pass loader would have set all others
+    save_teacher_checkpoint(state, cfg, str(tmp_path), dtype=dtype)
+    model = new_model(cfg)
+    before = cell_state(model)
+    msg = error_of(load_teacher_checkpoint, model, str(tmp_path))
+    assert str(tmp_path / "model.safetensors") in msg and "'lm_head.weight'" in msg, msg
+    assert "1 NaN/Inf value(s)" in msg and "[3, 5]" in msg, msg
+    assert_state_equal(cell_state(model), before)
+    with pytest.raises(CheckpointError, match="'lm_head.weight' holds 1 NaN/Inf"):
+        load_state(model, state, "<state>")  # in-memory states get the same check
+
+
+@pytest.mark.parametrize("saved_as,declared", [("float16", "BF16"), ("bfloat16", "F16")])
+def test_relabelled_2byte_dtype_refused_model_unchanged(tmp_path, saved_as, declared):
+    cfg = tiny_cfg()
+    save_teacher_checkpoint(random_teacher_state(cfg, 2), cfg, str(tmp_path), dtype=saved_as)
+    relabel(str(tmp_path / "model.safetensors"), declared)
+    model = new_model(cfg)
+    before = cell_state(model)
+    msg = error_of(load_teacher_checkpoint, model, str(tmp_path))
+    likely = {"BF16": "F16", "F16": "BF16"}[declared]
+    assert str(tmp_path / "model.safetensors") in msg and "'model.embed_tokens.weight'" in msg, msg
+    assert f"declared {declared}, but its bytes look like {likely}" in msg, msg
+    assert_state_equal(cell_state(model), before)
+
+
+def _as_declared(values, stored, declared):
+    """What a reader returns for ``values`` stored as ``stored`` bits but declared ``declared``."""
+    if stored == "F16":
+        bits = np.asarray(values, np.float32).astype(np.float16).view(np.uint16)
+    else:
+        bits = bf16_truncate(values)[0]
+    return bits.view(np.float16) if declared == "F16" else (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+GAUSS = np.random.default_rng(0).standard_normal(4096) * 0.02
+DTYPE_CHECK = {  # name: (values, stored as, declared, refused?)
+    "F16 weights read as BF16": (GAUSS, "F16", "BF16", True),
+    "BF16 weights read as F16": (GAUSS, "BF16", "F16", True),
+    "F16 weights of 63 elements read as BF16": (GAUSS[:63], "F16", "BF16", False),  # too few to judge
+    "all-zero tensor relabelled": (np.zeros(4096), "F16", "BF16", False),  # zeros mean the same in both
+    "F16 norm weights ~1 read as BF16": (1 + GAUSS, "F16", "BF16", False),  # ~0.008: still plausible
+    "BF16 norm weights ~1 read as F16": (1 + GAUSS, "BF16", "F16", False),  # ~1.9: still plausible
+    "F16 weights of median 1.3 read as BF16": (GAUSS * 100, "F16", "BF16", False),  # ~0.01: plausible
+    "BF16 weights of 1000 elements read as F16": (GAUSS[:1000], "BF16", "F16", False),  # near-zero test needs 1024
+    "F16 weights read as F16": (GAUSS, "F16", "F16", False),
+    "BF16 weights read as BF16": (GAUSS, "BF16", "BF16", False),
+    "F16 tiny weights (std 1e-6) read as F16": (GAUSS * 5e-5, "F16", "F16", False),
+    "BF16 weights, 2% exact zeros, read as F16": (np.where(np.arange(4096) % 50, GAUSS, 0), "BF16", "F16", True),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DTYPE_CHECK))
+def test_dtype_plausibility_catches_and_misses(case):
+    """Exactly what check_float_tensor's relabel test catches (the two 2-byte mix-ups on zero-centred
+    weights) and what it does not (norm-like tensors, tiny or zero tensors): see its docstring."""
+    values, stored, declared, refused = DTYPE_CHECK[case]
+    arr = _as_declared(values, stored, declared)
+    if refused:
+        with pytest.raises(CheckpointError, match=f"'w' is declared {declared}, but its bytes look like {stored}"):
+            check_float_tensor("w", arr, declared, "f.safetensors")
+    else:
+        check_float_tensor("w", arr, declared, "f.safetensors")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("std", [0.02, 0.3])
+def test_seeded_random_weights_load_in_every_dtype(tmp_path, dtype, std):
+    cfg = tiny_cfg()
+    for seed in range(3):
+        save_teacher_checkpoint(random_teacher_state(cfg, seed, std), cfg, str(tmp_path / str(seed)), dtype=dtype)
+        load_teacher_checkpoint(new_model(cfg), str(tmp_path / str(seed)))
+
+
+def test_shipped_demo_teacher_loads():
+    cfg = load_config(os.path.join(REPO, "configs", "demo.yaml"))
+    load_teacher_checkpoint(PanguForCausalLM(cfg.model, 1, 8, "eager"), os.path.join(DEMO_DIR, "teacher"))

@@ -169,7 +169,7 @@ class DraftTraining:
     def resume(self) -> tuple[int, dict]:
         if latest_step(self.ckpt_dir) is None:
             return 0, {"train": [], "eval": []}
-        step, history = load_train_state(self.ckpt_dir, self.optimizer)
+        step, history = load_train_state(self.ckpt_dir, self.optimizer, self.log)
         with open(os.path.join(self.ckpt_dir, f"step-{step}", "state.json"), encoding="utf-8") as fh:
             saved = json.load(fh).get("identity")
         now = json.loads(json.dumps(self.tc.identity()))

@@ -170,7 +170,7 @@ def _train_lm(model_cfg: ModelConfig, cfg: LMTrainConfig, train_stream: np.ndarr
     step_cell = TrainStep(loss_net, optimizer, cfg.optim.grad_clip)
     start, history = 0, {"train": [], "eval": []}
     if latest_step(ckpt_dir) is not None:
-        start, history = load_train_state(ckpt_dir, optimizer)
+        start, history = load_train_state(ckpt_dir, optimizer, log)
         log(f"[resume] from step {start}")
     tokens_per_step = cfg.batch_size * cfg.seq_len
     lrs = lr_schedule(cfg.optim)
