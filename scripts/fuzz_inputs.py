@@ -10,7 +10,8 @@ the real ``eagle-ms`` CLI (in this process, ``eagle_ms.cli.main``) and classifie
 
 Prints one line per case and the four counts; exits 1 unless there are 0 tracebacks and 0 silent-wrong.
 The inputs are made here from the tiny config (configs/tiny.yaml): a seeded random teacher and draft
-saved in the project's own formats, then damaged one way per case. tests/test_fuzz_inputs.py runs it.
+saved in the project's own formats, then damaged one way per case. tests/test_fuzz_inputs.py runs every
+damaged case (the valid edge cases, which compile graphs, run here only).
 """
 from __future__ import annotations
 
@@ -86,6 +87,17 @@ def _truncate(path: str, size) -> None:
     total = os.path.getsize(path)
     with open(path, "r+b") as fh:
         fh.truncate(size(total) if callable(size) else size)
+
+
+def _write(path: str, text: str | None = None, raw: bytes | None = None) -> None:
+    """Create ``path`` (and its directory) holding ``raw`` bytes or ``text``; neither: only the directory."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if raw is not None:
+        with open(path, "wb") as fh:
+            fh.write(raw)
+    elif text is not None:
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(text)
 
 
 def _edit_json(path: str, edit) -> None:
@@ -327,16 +339,9 @@ def config_cases(work: str) -> list[Case]:
         target = os.path.join(work, "config", name, "c.yaml")
 
         def setup(text=text, files=files, target=target):
-            os.makedirs(os.path.dirname(target), exist_ok=True)
             for rel, content in (files or {}).items():
-                with open(os.path.join(os.path.dirname(target), rel), "w", encoding="utf-8") as fh:
-                    fh.write(content)
-            if raw is not None:
-                with open(target, "wb") as fh:
-                    fh.write(raw)
-            elif text is not None:
-                with open(target, "w", encoding="utf-8") as fh:
-                    fh.write(text)
+                _write(os.path.join(os.path.dirname(target), rel), content)
+            _write(target, text, raw)
         argv = ["generate", "--config", target, "--prompt-ids", "1,2,3", "--max-new-tokens", "2", "--json", "--no-warmup"]
         out.append(Case(f"config/{name}", "config", argv, expect, setup, check))
 
@@ -399,14 +404,7 @@ def data_cases(work: str) -> list[Case]:
         root = os.path.join(work, "data", name)
 
         def setup(content=content, root=root):
-            os.makedirs(os.path.join(root, "humaneval"), exist_ok=True)
-            path = os.path.join(root, "humaneval", "question.jsonl")
-            if raw is not None:
-                with open(path, "wb") as fh:
-                    fh.write(raw)
-            elif content is not None:
-                with open(path, "w", encoding="utf-8") as fh:
-                    fh.write(content)
+            _write(os.path.join(root, "humaneval", "question.jsonl"), content, raw)
         argv = ["bench", "--config", TINY, "--data-dir", root, "--datasets", "humaneval", "--draft", "test",
                 "--max-new-tokens", "2", "--warmup-tokens", "1", "--no-progress", "--out", os.path.join(root, "run")]
         out.append(Case(f"bench-data/{name}", "data", argv, expect, setup, check))
@@ -431,13 +429,7 @@ def data_cases(work: str) -> list[Case]:
         path = os.path.join(work, "regen", name, "data.jsonl")
 
         def setup(content=content, path=path):
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            if raw is not None:
-                with open(path, "wb") as fh:
-                    fh.write(raw)
-            elif content is not None:
-                with open(path, "w", encoding="utf-8") as fh:
-                    fh.write(content)
+            _write(path, content, raw)
         argv = ["regenerate", "--config", TINY, "--data", path, "--out", os.path.join(os.path.dirname(path), "out.jsonl"),
                 "--max-new-tokens", "2"]
         out.append(Case(f"regen-data/{name}", "data", argv, "error", setup))
