@@ -1,0 +1,154 @@
+"""Host driver of the device verify graph (eagle_ms/models/verify_step.py): one graph call per step and
+one small int read (the packed result, eagle_ms/models/step_result.py) instead of [N, V] logits and
+[N, 3H] aux features copied to the host.
+
+``DeviceVerifier`` owns one ``VerifyStep`` per attention window of the ``TeacherRunner`` (each compiles
+once per N in use: N = 1 for teacher-only / fallback steps, N = budget + 1 for trees), picks the window
+as ``TeacherRunner.attention_width(L + N)`` does, and keeps the runner's ``BranchCache`` committed length
+right (L += A + 1 after every call; the K/V commit itself happens inside the graph).
+
+Tree inputs come from host ``tree.tensorize`` (``TreeInputs.from_tree``) or straight from the draft
+graph's outputs (``TreeInputs(...)`` over its device tensors, which the host never reads). Reference mode
+also returns the teacher's argmax [N] and, for host trees, checks the device acceptance against
+``verify.greedy_accept``; commit equivalence is checked from the cache rows (``TeacherRunner.cache_rows``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mindspore import Tensor
+
+from eagle_ms.models.step_result import unpack_result
+from eagle_ms.models.verify_step import VerifyStep
+from eagle_ms.teacher import TeacherRunner
+from eagle_ms.token_ids import check_token_ids
+from eagle_ms.tree import DraftTree, TreeTensors, tensorize
+from eagle_ms.verify import greedy_accept
+
+
+class DeviceAcceptMismatch(AssertionError):
+    """Reference mode: the graph's acceptance differs from ``verify.greedy_accept`` on the same argmax."""
+
+
+@dataclass(frozen=True, eq=False)
+class TreeInputs:
+    """The verify graph's tree inputs, MindSpore Tensors with leading B = 1, for committed length L."""
+
+    tokens: Tensor        # [1, N] int32
+    position_ids: Tensor  # [1, N] int32, L + depth
+    cache_slots: Tensor   # [1, N] int32, L + node id
+    tree_mask: Tensor     # [1, N, N] bool
+    paths: Tensor         # [1, P, D+1] int32
+    path_lengths: Tensor  # [1, P] int32, padding rows 0
+    committed_len: int    # L
+    host: TreeTensors | None = None  # the host tensors these were made from, if any
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.tokens.shape[1])
+
+    @classmethod
+    def from_tree(cls, t: TreeTensors) -> "TreeInputs":
+        """Host TreeTensors -> Tensors (each array gains the leading batch axis)."""
+        def dev(x):
+            return Tensor(np.ascontiguousarray(x)[None])
+        return cls(dev(t.tokens), dev(t.position_ids), dev(t.cache_slots), dev(t.tree_mask), dev(t.paths),
+                   dev(t.path_lengths), t.committed_len, t)
+
+
+@dataclass(frozen=True, eq=False)
+class DeviceStep:
+    """One device verify step as the host sees it: tokens, not tensors (batch 1)."""
+
+    accepted_len: int      # A
+    tokens: np.ndarray     # [A+1] int32: the A accepted drafts, then the bonus token
+    node_ids: np.ndarray   # [A+1] int32, root first
+    copied: bool           # the accepted path was out of slot order (the commit moved K/V rows)
+    result: Tensor         # [1, 2D+3] int32 packed result, on device: the next draft call's input
+    accepted_aux: Tensor   # [1, D+1, 3H] on device: rows 0..A are the accepted nodes' aux features
+    argmax: np.ndarray | None = None  # [N] the teacher's argmax per node: reference mode only
+
+    @property
+    def bonus_token(self) -> int:
+        return int(self.tokens[-1])
+
+
+class DeviceVerifier:
+    """Verify + accept + commit in one graph call per step, over a TeacherRunner's teacher and cache."""
+
+    def __init__(self, runner: TeacherRunner, max_depth: int, reference: bool = False):
+        if max_depth + 1 != runner.cache.width:
+            raise ValueError(f"max_depth {max_depth} does not match the runner's commit width "
+                             f"{runner.cache.width} (= max_depth + 1)")
+        self.runner = runner
+        self.max_depth = max_depth
+        self.reference = reference
+        self.steps = {w: VerifyStep(runner.model, max_depth, w, reference) for w in runner.attention_windows}
+
+    def _call(self, tree: TreeInputs):
+        """(result, accepted_aux[, argmax]) of the window's graph; nothing is read back here."""
+        width = self.runner.attention_width(tree.committed_len + tree.num_nodes)
+        committed = Tensor(np.array([tree.committed_len], np.int32))
+        return self.steps[width](tree.tokens, tree.position_ids, tree.cache_slots, tree.tree_mask, tree.paths,
+                                 tree.path_lengths, committed)
+
+    def verify(self, tree: TreeInputs | TreeTensors) -> DeviceStep:
+        """One verify step of ``tree`` (tensorised at the runner's committed length L); commits A + 1 slots.
+
+        Raises ValueError for a tree of another committed length, paths not D+1 wide, an out-of-vocabulary
+        host token, or a tree that does not fit the cache (before any call).
+        """
+        if isinstance(tree, TreeTensors):
+            tree = TreeInputs.from_tree(tree)
+        if tree.committed_len != self.runner.length:
+            raise ValueError(f"tree tensorised at committed length {tree.committed_len}, but the teacher "
+                             f"cache holds {self.runner.length}")
+        if tuple(tree.paths.shape[2:]) != (self.max_depth + 1,):
+            raise ValueError(f"tree paths have shape {tuple(tree.paths.shape)}; need [1, P, {self.max_depth + 1}]")
+        if tree.host is not None:
+            check_token_ids(tree.host.tokens, self.runner.vocab_size, "draft tree")
+        outputs = self._call(tree)
+        (packed,) = unpack_result(outputs[0].asnumpy())  # the one host read of a step
+        argmax = outputs[2].asnumpy()[0] if self.reference else None
+        if argmax is not None and tree.host is not None:
+            _check_against_host(tree.host, argmax, packed)
+        a = packed.accepted_len
+        copied = not np.array_equal(packed.node_ids, np.arange(a + 1))
+        self.runner.cache.commit_by_length(a)  # the K/V are already at [L, L+A+1): the graph moved them
+        self.runner.cache.copies += int(copied)
+        return DeviceStep(a, packed.tokens, packed.node_ids, copied, outputs[0], outputs[1], argmax)
+
+    def decode(self, root: int) -> DeviceStep:
+        """A teacher-only step (N = 1): ``root`` goes into the cache, the bonus token is its argmax."""
+        empty = DraftTree(root, np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0))
+        return self.verify(tensorize(empty, self.runner.length, 0, self.max_depth))
+
+    def aux_rows(self, step: DeviceStep) -> np.ndarray:
+        """Host copy of the accepted nodes' aux features [A+1, 3H] (for host-side drafters' observe)."""
+        return step.accepted_aux.asnumpy()[0, :step.accepted_len + 1]
+
+    def warm_up(self, query_sizes) -> None:
+        """Compile every (window, N) graph for N in ``query_sizes`` (N <= window); leaves the cache empty.
+
+        Each call verifies an all-padding tree ending exactly at its window; it writes K/V beyond the
+        committed region only (identity commit rows)."""
+        for width in self.steps:
+            for n in sorted(set(query_sizes)):
+                if n > width:
+                    continue
+                empty = DraftTree(0, np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0))
+                self._call(TreeInputs.from_tree(tensorize(empty, width - n, n - 1, self.max_depth)))
+        self.runner.reset()
+
+
+def _check_against_host(t: TreeTensors, argmax: np.ndarray, packed) -> None:
+    """Raise DeviceAcceptMismatch unless the packed step equals greedy_accept(t, argmax)."""
+    host = greedy_accept(t, argmax)
+    if (packed.accepted_len != host.accepted_len or not np.array_equal(packed.node_ids, host.node_ids)
+            or not np.array_equal(packed.tokens, host.tokens)):
+        raise DeviceAcceptMismatch(
+            f"device acceptance A={packed.accepted_len} node_ids {packed.node_ids.tolist()} tokens "
+            f"{packed.tokens.tolist()} != greedy_accept A={host.accepted_len} node_ids "
+            f"{host.node_ids.tolist()} tokens {host.tokens.tolist()}")

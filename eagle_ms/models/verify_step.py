@@ -1,0 +1,147 @@
+"""The verify graph of one speculative step: tree-masked teacher forward, greedy accept, commit by path.
+
+One call of ``VerifyStep`` (per attention window W; the host picks the instance) does, in one graph:
+
+    allowed  = verify_mask(committed_len, tree_mask, W)          [B, N, W]  (== tree.verify_attention_mask)
+    teacher forward over the N tree rows, K/V written at cache_slots        (PanguForCausalLM.hidden_states)
+    argmax   = argmax of lm_logits                                [B, N]     (never leaves the graph)
+    accept   = DeviceAccept(tokens, argmax, paths, path_lengths)            (== verify.greedy_accept)
+    commit   : every layer's K/V of slots L + node_ids[i] -> L + i          (KVCache.move, fixed D+1 rows)
+    -> result [B, 2D+3] int32 (eagle_ms/models/step_result.py), accepted_aux [B, D+1, 3Ht]
+       (+ argmax [B, N] int32 when built with reference=True)
+
+No [B, N, V] or [B, N, 3Ht] tensor is an output. The host keeps the committed length: L += A + 1 after
+reading the result. Why the commit always moves D+1 rows (identity rows when the accepted path is the
+chain-first prefix) instead of branching on the path: docs/architecture.md §"Device-resident verify".
+"""
+from __future__ import annotations
+
+import mindspore as ms
+from mindspore import nn, ops
+
+from eagle_ms.models.kv_cache import flat_rows
+from eagle_ms.models.step_result import pack_result
+
+
+def verify_mask(committed_len, tree_mask, window: int):
+    """committed_len [B] int32, tree_mask [B, N, N] bool -> allowed [B, N, window] bool.
+
+    Row k may attend to slots [0, L) and to slot L + j where tree_mask[k, j] (the tree's branch region
+    [L, L+N) must fit the window). Example: L = 2, N = 2, tree_mask [[T, F], [T, T]], window 5 ->
+    row 0 [T T T F F], row 1 [T T T T F].
+    """
+    b, n, _ = tree_mask.shape
+    cols = ops.arange(window, dtype=ms.int32).reshape(1, 1, window)
+    start = committed_len.reshape(b, 1, 1)
+    rel = cols - start                                              # [B, 1, W] column - L
+    in_branch = ops.logical_and(rel >= 0, rel < n)                  # [B, 1, W]
+    index = ops.broadcast_to(ops.clip(rel, 0, n - 1), (b, n, window))
+    branch = ops.gather_d(tree_mask.astype(ms.int32), 2, index) > 0  # [B, N, W] tree_mask[k, col - L]
+    return ops.logical_or(cols < start, ops.logical_and(in_branch, branch))
+
+
+def take_rows(values, index):
+    """values [B, N], index [B, ...] int32 in [0, N) -> values[b, index[b, ...]] of index's shape."""
+    b = index.shape[0]
+    return ops.gather_d(values, 1, index.reshape(b, -1)).reshape(index.shape)
+
+
+class DeviceAccept(nn.Cell):
+    """Greedy acceptance in a graph, the rule of ``eagle_ms.verify.greedy_accept``.
+
+    construct(tokens [B,N] i32, argmax [B,N] i32, paths [B,P,D+1] i32, path_lengths [B,P] i32)
+      -> (accepted [B] i32, emitted [B,D+1] i32, node_ids [B,D+1] i32), emitted and node_ids 0-padded.
+    Rows with path_length 0 (padding) accept 0 drafts; ties go to the lowest path row. Along the best
+    path n_0..n_A, emitted[i] = argmax[n_i] for i <= A: the A accepted drafts (tokens[n_{i+1}] ==
+    argmax[n_i] by acceptance) then the bonus argmax[n_A].
+
+    Worked example (that of greedy_accept): paths [[0,2,2],[0,1,3]], lengths [2,3], tokens [r,7,8,9],
+    argmax [7,9,5,4] -> accepted per path [0, 2] -> A = 2, node_ids [0,1,3], emitted [7,9,4].
+    """
+
+    def __init__(self, max_depth: int):
+        super().__init__()
+        self.max_depth = max_depth
+
+    def construct(self, tokens, argmax, paths, path_lengths):
+        b, p, width = paths.shape                                   # width = D + 1
+        drafted = take_rows(tokens, paths[:, :, 1:])                # [B, P, D] token at n_i
+        predicted = take_rows(argmax, paths[:, :, :-1])             # [B, P, D] argmax at n_{i-1}
+        step = ops.arange(1, width, dtype=ms.int32).reshape(1, 1, width - 1)
+        ok = ops.logical_and(drafted == predicted, step < path_lengths.reshape(b, p, 1))
+        misses = ops.cumsum(ops.logical_not(ok).astype(ms.int32), 2)  # [B, P, D]
+        accepted = (misses == 0).astype(ms.int32).sum(2).astype(ms.int32)  # [B, P] leading matches
+        best_len = ops.ReduceMax()(accepted, 1)                     # [B] A
+        rows = ops.arange(p, dtype=ms.int32).reshape(1, p)
+        first = ops.where(accepted == best_len.reshape(b, 1), rows, ops.full_like(rows, p))
+        best = ops.ReduceMin()(first, 1)                            # [B] first row of the max
+        path = ops.gather_d(paths, 1, ops.broadcast_to(best.reshape(b, 1, 1), (b, 1, width))).reshape(b, width)
+        keep = ops.arange(width, dtype=ms.int32).reshape(1, width) <= best_len.reshape(b, 1)  # [B, D+1]
+        zero = ops.zeros_like(path)
+        node_ids = ops.where(keep, path, zero)
+        emitted = ops.where(keep, take_rows(argmax, path), zero)
+        return best_len, emitted, node_ids
+
+
+def commit_slots(committed_len, accepted, node_ids, capacity: int):
+    """Source and destination slots [B, D+1] of the commit by path (the in-graph ``path_move_slots``).
+
+    Entry i <= A moves slot L + node_ids[i] to L + i; entries past A copy slot (L + i) mod capacity onto
+    itself (identity: distinct destinations, in range near capacity, and the committed prefix is only
+    ever rewritten with its own value; gathers happen before scatters). In-order paths are all identity.
+    Example: L=10, A=2, node_ids [0,2,5,0], capacity 18 -> src [10,12,15,13], dst [10,11,12,13];
+    near capacity: L=9, A=1, node_ids [0,2,0,0], capacity 12 -> src [9,11,11,0], dst [9,10,11,0].
+    """
+    b, width = node_ids.shape
+    step = ops.arange(width, dtype=ms.int32).reshape(1, width)
+    start = committed_len.reshape(b, 1)
+    dst = (start + step) % capacity
+    src = ops.where(step <= accepted.reshape(b, 1), start + node_ids, dst)
+    return src, dst
+
+
+class VerifyStep(nn.Cell):
+    """One speculative step's verify graph over a shared ``PanguForCausalLM`` (its caches, in place).
+
+    construct(tokens [B,N] i32, position_ids [B,N] i32, cache_slots [B,N] i32, tree_mask [B,N,N] bool,
+              paths [B,P,D+1] i32, path_lengths [B,P] i32, committed_len [B] i32)
+      -> (result [B,2D+3] i32, accepted_aux [B,D+1,3Ht]) (+ argmax [B,N] i32 if ``reference``).
+    accepted_aux rows 0..A are the accepted nodes' aux features (root first); padded rows repeat the
+    root's. ``window`` W: attention reads cache slots [0, W); the caller guarantees L + N <= W.
+    Built with auto_prefix=False so the teacher's parameter names (its checkpoint keys) stay as they are.
+    """
+
+    def __init__(self, teacher, max_depth: int, window: int, reference: bool = False):
+        super().__init__(auto_prefix=False)
+        if not (1 <= window <= teacher.capacity and 1 <= max_depth < teacher.capacity):
+            raise ValueError(f"VerifyStep needs 1 <= window ({window}) <= teacher capacity ({teacher.capacity}) "
+                             f"and 1 <= max_depth ({max_depth}) < capacity")
+        self.teacher = teacher
+        self.max_depth, self.window, self.reference = max_depth, window, reference
+        self.num_kv_heads = teacher.config.num_key_value_heads
+        self.capacity = teacher.capacity
+        self.accept = DeviceAccept(max_depth)
+        self.caches = teacher.caches()
+
+    def construct(self, tokens, position_ids, cache_slots, tree_mask, paths, path_lengths, committed_len):
+        b, n = tokens.shape
+        allowed = verify_mask(committed_len, tree_mask, self.window)          # [B, N, W]
+        rows = flat_rows(cache_slots, self.num_kv_heads, self.capacity)
+        hidden, aux = self.teacher.hidden_states(tokens, position_ids, rows, allowed)  # [B,N,H], [B,N,3Ht]
+        argmax = ops.argmax(self.teacher.lm_logits(hidden), -1).astype(ms.int32)      # [B, N]
+        accepted, emitted, node_ids = self.accept(tokens, argmax, paths, path_lengths)
+        self.commit(committed_len, accepted, node_ids)
+        flat = (ops.arange(b, dtype=ms.int32).reshape(b, 1) * n + node_ids).reshape(-1)
+        accepted_aux = ops.gather(aux.reshape(b * n, -1), flat, 0).reshape(b, self.max_depth + 1, -1)
+        result = pack_result(accepted, emitted, node_ids)
+        if self.reference:
+            return result, accepted_aux, argmax
+        return result, accepted_aux
+
+    def commit(self, committed_len, accepted, node_ids):
+        """Every layer: K/V of slots L + node_ids[i] -> L + i for i <= A (``commit_slots``)."""
+        src, dst = commit_slots(committed_len, accepted, node_ids, self.capacity)
+        src_rows = flat_rows(src, self.num_kv_heads, self.capacity)
+        dst_rows = flat_rows(dst, self.num_kv_heads, self.capacity)
+        for cache in self.caches:
+            cache.move(src_rows, dst_rows)
