@@ -1,0 +1,129 @@
+"""The device draft tree (eagle_ms/models/draft_tree_step.py, tree_graph.py) against the host path.
+
+Second implementations: eagle_ms/drafting.py ``build_tree`` + eagle_ms/tree.py ``chain_first`` / ``tensorize``
+(the host reference), driven by
+  * an oracle of given per-depth log-probs (the in-graph ranking core ``TreeGrowth`` alone, run eagerly
+    op by op, so the full grid M x Dmax x k = 4 x 3 x 3 costs no graph compiles; random and tied scores);
+  * a second, independent draft Cell with the same weights and its own cache, driven by the host
+    ``Eagle3Drafter`` (begin / observe / propose): the whole DraftTreeStep graph (extend, root pair, every
+    expansion, rerank, tree tensors) on a covering subset of shapes, with context_window, attention windows,
+    min_path_prob, exact log-prob ties (duplicated lm_head rows) and A = -1 .. Dmax from packed results.
+Every device tree also passes ``check_invariants`` and the reference-mode check on its own cache.
+"""
+import json
+
+import numpy as np
+import pytest
+
+from mindspore import Tensor, nn
+
+from eagle_ms.device_drafter import DeviceTreeDrafter, HostTree, no_step_result
+from eagle_ms.draft_tree_check import DraftTreeMismatch, check_device_tree, compare_trees
+from eagle_ms.draft_weights import check_draft_state, load_draft_state, random_draft_state
+from eagle_ms.drafting import TreeParams, build_tree
+from eagle_ms.eagle3_drafter import Eagle3Drafter, scratch_size
+from eagle_ms.models.draft_tree_step import DraftTreeStep, result_width, token_columns
+from eagle_ms.models.eagle3 import Eagle3Config, Eagle3Draft
+from eagle_ms.models.tree_graph import TreeGrowth, stable_rank
+from eagle_ms.tree import chain_first, tensorize
+from eagle_ms.tree_checks import check_invariants
+
+
+def pack_result_numpy(rows, max_depth):
+    """Local copy of eagle_ms/models/step_result.py's: (A, tokens [A+1], node_ids [A+1]) rows -> [B, 2D+3]."""
+    out = np.zeros((len(rows), result_width(max_depth)), np.int32)
+    for b, (a, tokens, node_ids) in enumerate(rows):
+        out[b, 0] = a
+        out[b, token_columns(max_depth)][:a + 1] = tokens
+        out[b, max_depth + 2:][:a + 1] = node_ids
+    return out
+
+
+def host_tree(tree, length, budget, max_depth) -> HostTree:
+    scores = np.zeros(budget + 1)
+    scores[1:tree.num_nodes + 1] = tree.scores
+    return HostTree(tensorize(tree, length, budget, max_depth), scores)
+
+
+# ------------------------------------------------------------------------------ the ranking core alone
+
+class OracleTree(nn.Cell):
+    """TreeGrowth over given log-probs: depth t's expand call returns lp[t-1], ids[t-1] for its k rows."""
+
+    def __init__(self, params):
+        super().__init__()
+        self.growth = TreeGrowth(params.budget, params.max_depth, params.top_k, params.min_path_prob)
+        self.d = params.max_depth
+
+    def construct(self, root_lp, root_ids, lp, ids, length, root):
+        state = self.growth.start(root_lp, root_ids)
+        for depth in range(1, self.d):
+            state, _ = self.growth.grow(state, depth, lp[:, depth - 1], ids[:, depth - 1])
+        return self.growth.finish(state, length, root)
+
+
+def oracle_inputs(rng, k, d, vocab=50, tied=False):
+    """Root top-k and per-depth [D-1, k rows, k] log-probs, each row sorted descending (as ops.topk)."""
+    shape = (max(d - 1, 1), k, k)
+    if tied:  # dyadic values: many exact ties across rows and depths, some log p = 0 (clamped already)
+        root = np.log(rng.choice([1.0, 0.5, 0.25, 0.125], (1, k)))
+        lp = np.log(rng.choice([1.0, 0.5, 0.25, 0.125, 0.0625], shape))
+    else:
+        root = -rng.exponential(1.0, (1, k))
+        lp = -rng.exponential(1.0, shape)
+    root, lp = -np.sort(-root, -1), -np.sort(-lp, -1)
+    ids = rng.integers(0, vocab, shape)
+    return root.astype(np.float32), rng.integers(0, vocab, (1, k)), lp.astype(np.float32), ids
+
+
+def oracle_host_tree(root_lp, root_ids, lp, ids, params, length, root):
+    def expand(depth, parent_rows, tokens):
+        return lp[depth - 1], ids[depth - 1]
+    build = build_tree(root, root_lp[0], root_ids[0], expand, params)
+    return host_tree(chain_first(build.tree), length, params.budget, params.max_depth)
+
+
+def device_output_tree(outputs, length, budget, max_depth) -> HostTree:
+    from eagle_ms.device_drafter import DeviceTree
+    return DeviceTree(*outputs, committed_len=length, budget=budget, max_depth=max_depth).to_host()
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+@pytest.mark.parametrize("max_depth", [1, 4, 12])
+@pytest.mark.parametrize("budget", [1, 4, 16, 32])
+def test_ranking_core_equals_build_tree_on_the_full_grid(budget, max_depth, k):
+    """Random and tied scores; run eagerly (construct called directly: the same ops, no compile)."""
+    params = TreeParams(budget, max_depth, k)
+    cell = OracleTree(params)
+    rng = np.random.default_rng(budget * 100 + max_depth * 10 + k)
+    for tied in (False, True):
+        root_lp, root_ids, lp, ids = oracle_inputs(rng, k, max_depth, tied=tied)
+        length, root = int(rng.integers(1, 500)), int(rng.integers(0, 50))
+        out = cell.construct(Tensor(root_lp), Tensor(root_ids.astype(np.int32)), Tensor(lp[None]),
+                             Tensor(ids[None].astype(np.int32)), Tensor(np.array([length], np.int32)),
+                             Tensor(np.array([root], np.int32)))
+        got = device_output_tree(out, length, budget, max_depth)
+        check_invariants(got.tensors)
+        compare_trees(got, oracle_host_tree(root_lp, root_ids, lp, ids, params, length, root))
+
+
+def test_ranking_core_depth_cut_equals_build_tree():
+    """min_path_prob: the host breaks at the first depth whose best frontier score < log p; here the best
+    depth-t path has p = 0.6^t, so with p = 0.3 exactly depths 1..3 exist (0.6^2 = 0.36 >= 0.3 > 0.216)."""
+    params = TreeParams(16, 8, 2, min_path_prob=0.3)
+    lp = np.broadcast_to(np.log([0.6, 0.3]).astype(np.float32), (7, 2, 2)).copy()
+    ids = np.arange(28).reshape(7, 2, 2)
+    root_lp, root_ids = lp[0, :1], np.array([[5, 6]])
+    out = OracleTree(params).construct(Tensor(root_lp), Tensor(root_ids.astype(np.int32)), Tensor(lp[None]),
+                                       Tensor(ids[None].astype(np.int32)), Tensor(np.array([9], np.int32)),
+                                       Tensor(np.array([1], np.int32)))
+    got = device_output_tree(out, 9, 16, 8)
+    compare_trees(got, oracle_host_tree(root_lp, root_ids, lp, ids, params, 9, 1))
+    assert got.tensors.depth.max() == 3
+
+
+def test_stable_rank_ties_by_index():
+    earlier = Tensor(np.tril(np.ones((5, 5), bool), -1)[None])
+    scores = Tensor(np.array([[-1.0, -0.5, -1.0, 0.0, -0.5]], np.float32))
+    valid = Tensor(np.array([[True, True, True, False, True]]))
+    assert stable_rank(scores, valid, earlier).asnumpy().tolist() == [[2, 0, 3, 4, 1]]
