@@ -127,3 +127,123 @@ def test_stable_rank_ties_by_index():
     scores = Tensor(np.array([[-1.0, -0.5, -1.0, 0.0, -0.5]], np.float32))
     valid = Tensor(np.array([[True, True, True, False, True]]))
     assert stable_rank(scores, valid, earlier).asnumpy().tolist() == [[2, 0, 3, 4, 1]]
+
+
+# ------------------------------------------------------------------------------ the whole graph vs the host drafter
+
+CFG = Eagle3Config(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                   vocab_size=64, draft_vocab_size=40, target_hidden_size=24, aux_layer_ids=(0, 1, 2))
+C = 112  # committed capacity: room for A = 0..12 in one run
+CHUNK = 8
+TOP_K = 4  # the drafts' in-graph top-K (k <= 4 below)
+AUX = 3 * CFG.target_hidden_size
+CASES = {  # name: (TreeParams, context_window, attention windows); a covering subset of the grid
+    "M16-D4-k2-windows": (TreeParams(16, 4, 2), None, (16,)),
+    "M32-D12-k2-draft_window5": (TreeParams(32, 12, 2), 5, None),
+    "M8-D1-k4": (TreeParams(8, 1, 4), None, None),  # no expansion; 4 candidates < M: padding
+    "M4-D4-k1-min_path_prob": (TreeParams(4, 4, 1, min_path_prob=0.2), None, None),
+}
+CAP = C + max(scratch_size(p, CHUNK) for p, _, _ in CASES.values())
+
+
+def draft_state(tied: bool):
+    state = check_draft_state(random_draft_state(CFG, seed=5, std=0.35), CFG)
+    if tied:  # lm_head rows in identical pairs: every log-prob ties exactly with its twin's
+        head = state["lm_head.weight"].copy()
+        head[1::2] = head[0::2]
+        state = {**state, "lm_head.weight": head}
+    return state
+
+
+class Pair:
+    """Two drafts with the same weights and separate caches: ``host`` (host path) and ``dev`` (device)."""
+
+    def __init__(self):
+        self.embed = np.random.default_rng(6).standard_normal((CFG.vocab_size, CFG.hidden_size)).astype(np.float32)
+        self.host = Eagle3Draft(CFG, 1, CAP, TOP_K)
+        self.dev = Eagle3Draft(CFG, 1, CAP, TOP_K)
+        self.devices = {}
+        self.load(tied=False)
+
+    def load(self, tied):
+        for draft in (self.host, self.dev):
+            load_draft_state(draft, draft_state(tied), embed=self.embed)
+
+    def drafters(self, case):
+        params, window, windows = CASES[case]
+        make = lambda draft: Eagle3Drafter(draft, params, C, CHUNK, window, attention_windows=windows)  # noqa: E731
+        host = make(self.host)
+        if case not in self.devices:  # one DeviceTreeDrafter per case keeps its compiled graphs
+            self.devices[case] = DeviceTreeDrafter(make(self.dev))
+        return host, self.devices[case]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return Pair()
+
+
+def drive(host, device, seed, events, prompt_len=13, check_reference=False, run_dir=None):
+    """begin both drafters, then one device step per event, each compared with the host path (an independent
+    cache): A in -1..D (the previous verify accepted A drafts; -1 = no step yet) or ("fallback", n) (n
+    tokens committed by teacher-only steps, observed through the host path on both, then A = -1).
+    ``check_reference``: also the reference-mode check on the device's own cache. Returns the host trees."""
+    rng = np.random.default_rng(seed)
+    d, params = device.params.max_depth, device.params
+    prompt = rng.integers(0, CFG.vocab_size, prompt_len)
+    aux = rng.standard_normal((prompt_len, AUX)).astype(np.float32)
+    root = int(rng.integers(CFG.vocab_size))
+    host.begin(prompt, aux, root)
+    device.drafter.begin(prompt, aux, root)
+    length, trees = host.length, []
+    for event in events:
+        rows = rng.standard_normal((1, d + 1, AUX)).astype(np.float32) * 3  # padding rows: finite, ignored
+        a = event if isinstance(event, int) else -1
+        if a < 0:
+            result = no_step_result(d)
+            if not isinstance(event, int):  # teacher-only steps: the host path observes for both drafters
+                tokens = rng.integers(0, CFG.vocab_size, event[1])
+                feats = rng.standard_normal((event[1], AUX)).astype(np.float32)
+                for drafter in (host, device.drafter):
+                    drafter.observe(np.concatenate([[root], tokens[:-1]]), feats, int(tokens[-1]))
+                root, length = int(tokens[-1]), length + event[1]
+        else:
+            tokens = rng.integers(0, CFG.vocab_size, a + 1)  # A drafts + the bonus (the next root)
+            host.observe(np.concatenate([[root], tokens[:-1]]), rows[0, :a + 1], int(tokens[-1]))
+            result = pack_result_numpy([(a, tokens, np.arange(a + 1))], d)
+            root = int(tokens[-1])
+        tree = device.step(Tensor(result), Tensor(rows), length, a)
+        length += a + 1
+        assert tree.committed_len == host.length == device.drafter.length == length
+        got = tree.to_host()
+        assert all(getattr(got.tensors, f).dtype == np.int32 for f in INT_FIELDS)
+        check_invariants(got.tensors)
+        want = host_tree(host.propose(root), length, params.budget, d)
+        compare_trees(got, want, run_dir)
+        if check_reference:
+            check_device_tree(device.drafter, tree, run_dir)  # the reference-mode check, same cache
+        trees.append(want)
+    return trees
+
+
+INT_FIELDS = ("tokens", "parent", "depth", "ancestors", "position_ids", "cache_slots", "paths", "path_lengths")
+
+
+def events_for(max_depth):
+    """A = -1 (after begin), every A from Dmax down to 0, a fallback period, then A = -1 again."""
+    return [-1] + list(range(max_depth, -1, -1)) + [("fallback", 3), 1, -1]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_device_tree_equals_host_path(pair, case):
+    params, _, windows = CASES[case]
+    host, device = pair.drafters(case)
+    trees = drive(host, device, seed=len(case), events=events_for(params.max_depth),
+                  check_reference=windows is not None)
+    if windows:
+        assert sorted(device.steps) == [16, C], "the steps did not cross the attention window 16"
+    if params.min_path_prob:
+        assert any(t.tensors.depth.max() < params.max_depth for t in trees), "min_path_prob never cut a tree"
+        assert any(t.tensors.depth.max() > 1 for t in trees), "min_path_prob cut every tree at depth 1"
+    for graph in device.steps.values():
+        assert len(graph.compile_cache) == 1, "a new call recompiled the tree step"

@@ -41,6 +41,7 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from eagle_ms.models.eagle3 import Eagle3Draft
+from eagle_ms.models.kv_cache import flat_rows
 from eagle_ms.models.tree_graph import TreeGrowth
 
 OUTPUT_NAMES = ("tokens", "parent", "depth", "valid", "ancestors", "position_ids", "cache_slots", "tree_mask",
@@ -86,7 +87,12 @@ class DraftTreeStep(nn.Cell):
         self.growth = TreeGrowth(params.budget, self.d, self.k, params.min_path_prob)
         self.rows = Tensor(np.arange(self.d + 1, dtype=np.int32)[None])       # [1, D+1] extend rows
         self.columns = Tensor(np.arange(self.width, dtype=np.int32))          # [X+W] cache slots read
-        self.frontier_rows = Tensor(np.arange(self.k, dtype=np.int32)[None])  # [1, k]
+        # expansion at depth t, row r -> scratch slot (t-1)k + r: its mask column and its cache rows
+        slots = [(t - 1) * self.k + np.arange(self.k) for t in range(1, self.d)]
+        self.own = [Tensor((np.arange(self.width) == s[:, None])[None]) for s in slots]  # [1, k, X+W] bool
+        heads, b = draft.config.num_key_value_heads, draft.batch
+        self.cache_rows = [flat_rows(Tensor(np.tile(s[None], (b, 1)).astype(np.int32)), heads, draft.capacity)
+                           for s in slots]                                    # [B*Hkv*k] int32 each
 
     def construct(self, result, accepted_aux, committed_len):
         accepted = result[:, ACCEPTED_COLUMN]                                # [B] A (-1: no step yet)
@@ -128,20 +134,26 @@ class DraftTreeStep(nn.Cell):
         return store.keep(token, lp, tid, hid)
 
     def draft_tree(self, root, length):
-        """Grow depths 1..D from the root pair at committed length L' [B]; the tree tensors (step 3-4)."""
+        """Grow depths 1..D from the root pair at committed length L' [B]; the tree tensors (steps 3-4)."""
         token, logprob, target_ids, hidden = root
         b, k = hidden.shape[0], self.k
         state = self.growth.start(logprob, target_ids)
         feats = ops.broadcast_to(hidden[:, None, :], (b, k, hidden.shape[-1]))  # [B, k, H]
-        seen = ops.zeros((b, k, self.width), ms.int32)                       # ancestors' scratch slots
-        committed = self.visible(ops.broadcast_to(length.reshape(b, 1), (b, k)))  # [B, k, X+W]
+        seen = ops.zeros((b, k, self.width), ms.bool_)                       # ancestors' scratch slots
+        start = ops.broadcast_to(length.reshape(b, 1), (b, k))               # [B, k]
+        committed = self.visible(start)                                      # [B, k, X+W]
         for depth in range(1, self.d):
-            slots = ops.broadcast_to(self.frontier_rows + (depth - 1) * k, (b, k))  # [B, k]
-            mine = seen | (self.columns[None, None, :] == slots[:, :, None]).astype(ms.int32)
-            positions = ops.broadcast_to((length + depth - 1).reshape(b, 1), (b, k))
-            lp, ids, hid = self.draft.step(self.growth.frontier_tokens(state), feats, positions, slots,
-                                           committed | (mine > 0))
+            mine = seen | self.own[depth - 1]
+            lp, ids, hid = self.expand(depth, self.growth.frontier_tokens(state), feats, start + (depth - 1),
+                                       committed | mine)
             state, parent_rows = self.growth.grow(state, depth, lp, ids)
             feats = ops.gather(hid, parent_rows, 1, batch_dims=1)
             seen = ops.gather(mine, parent_rows, 1, batch_dims=1)
         return self.growth.finish(state, length, token)
+
+    def expand(self, depth: int, tokens, feats, positions, mask):
+        """One k-row draft step at ``depth`` (``Eagle3Draft.step`` with this depth's constant cache rows)."""
+        draft = self.draft
+        hidden = draft.layer(tokens, feats.astype(draft.fc.weight.dtype), positions, self.cache_rows[depth - 1], mask)
+        logprob, ids = draft.topk(hidden)
+        return logprob, ids, hidden.astype(ms.float32)

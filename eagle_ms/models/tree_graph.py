@@ -38,14 +38,27 @@ def _const(array, dtype=np.int32) -> Tensor:
     return Tensor(np.asarray(array, dtype))
 
 
+def _earlier(n: int) -> Tensor:
+    """[1, n(i), n(j)] bool constant: j < i."""
+    return Tensor(np.tril(np.ones((n, n), bool), -1)[None])
+
+
 def stable_rank(scores, valid, earlier):
-    """scores [B, n] f32, valid [B, n] bool, earlier [1, n, n] bool (j < i) -> rank [B, n] int32 (module
-    doc: valid first, score descending, then index ascending). Example: [-1, -0.5, -1], valid -> [1, 0, 2]."""
+    """scores [B, n] f32, valid [B, n] bool (None: all valid), earlier = ``_earlier(n)`` -> rank [B, n]
+    int32 (module doc: valid first, score descending, then index ascending).
+    Example: [-1, -0.5, -1, 0, -0.5], valid [T, T, T, F, T] -> [2, 0, 3, 4, 1]."""
     s_i, s_j = scores[:, :, None], scores[:, None, :]                        # i rows, j columns
-    v_i, v_j = valid[:, :, None], valid[:, None, :]
-    better = (s_j > s_i) | ((s_j == s_i) & earlier)
-    beats = (v_j & ~v_i) | ((v_j == v_i) & better)                           # [B, n(i), n(j)]
+    beats = (s_j > s_i) | ((s_j == s_i) & earlier)                           # [B, n(i), n(j)]
+    if valid is not None:
+        v_i, v_j = valid[:, :, None], valid[:, None, :]
+        beats = (v_j & ~v_i) | ((v_j == v_i) & beats)
     return beats.astype(ms.int32).sum(-1).astype(ms.int32)
+
+
+def first_by_rank(rank, q: int, ids):
+    """rank [B, n] (a permutation), ids [n] = arange(n) -> the ids of ranks 0..q-1 [B, q] int32, best first."""
+    hit = rank[:, None, :] == ids[:q][None, :, None]                         # [B, q, n]
+    return (hit.astype(ms.int32) * ids).sum(-1).astype(ms.int32)
 
 
 def lex_less(sig):
@@ -54,11 +67,6 @@ def lex_less(sig):
     differs = (su != sv).astype(ms.int32)
     before = ops.cumsum(differs, -1) - differs                                # differences before level d
     return ((before == 0) & (su < sv)).any(-1)
-
-
-def pick(onehot, values):
-    """onehot [B, q, n] int32 (at most one 1 per row), values [B, n] -> [B, q]; 0 where a row is empty."""
-    return (onehot * values[:, None, :]).sum(-1).astype(values.dtype)
 
 
 class TreeGrowth(nn.Cell):
@@ -79,27 +87,26 @@ class TreeGrowth(nn.Cell):
         n_c = k + (d - 1) * k * k
         depth = [1] * k + [t for t in range(2, d + 1) for _ in range(k * k)]
         self.cand_depth = _const([depth])                                     # [1, n_c]
-        self.levels = _const(np.arange(d))                                    # [D]
-        self.columns = _const(np.arange(k))                                   # [k]
-        self.child_col = _const(np.tile(np.arange(k), k))                     # [k^2]: column c of child r*k+c
-        self.child_ids = _const(np.arange(k * k))                             # [k^2]
-        self.earlier_kk = Tensor(np.tril(np.ones((k * k, k * k), bool), -1)[None])  # [1, k^2, k^2]: j < i
-        self.earlier_c = Tensor(np.tril(np.ones((n_c, n_c), bool), -1)[None])
-        self.node_ids = _const(np.arange(1, m + 1))                           # [M]
+        self.level_of = [Tensor(np.arange(d) == t) for t in range(d)]         # [D] bool: level t
+        self.sig1 = _const(np.where(np.arange(d)[None] == 0, np.arange(k)[:, None], -1)[None])  # [1, k, D]
+        self.child_col = _const(np.tile(np.arange(k), k)[None, :, None])      # [1, k^2, 1]: c of child r*k+c
+        self.child_row = _const(np.repeat(np.arange(k), k))                   # [k^2]: r of child r*k+c
+        self.ids_kk = _const(np.arange(k * k))
+        self.ids_c = _const(np.arange(n_c))
+        self.earlier_kk, self.earlier_c = _earlier(k * k), _earlier(n_c)
         self.ids_n = _const(np.arange(m + 1))                                 # [N]
         self.eye_n = Tensor(np.eye(m + 1, dtype=bool)[None])                  # [1, N, N]
-        self.rows_p = _const(np.arange(m))                                    # [P]
+        self.not_root = Tensor(np.arange(m + 1) > 0)                          # [N]
         self.levels_1 = _const(np.arange(d + 1))                              # [D+1]
 
     def start(self, root_logprob, root_ids):
         """root_logprob, root_ids [B, K >= k] (top-K, descending) -> the state after depth 1."""
         k = self.k
         scores = ops.minimum(root_logprob[:, :k], 0.0)                        # [B, k]; log p <= 0
-        tokens = root_ids[:, :k].astype(ms.int32)
+        tokens = root_ids[:, :k]
         b = scores.shape[0]
-        sig = ops.where(self.levels[None, None, :] == 0, self.columns[None, :, None], -1)  # [1, k, D]
-        sig = ops.broadcast_to(sig, (b, k, self.d)).astype(ms.int32)
-        ids = ops.broadcast_to(self.columns[None], (b, k))
+        sig = ops.broadcast_to(self.sig1, (b, k, self.d))
+        ids = ops.broadcast_to(self.ids_kk[None, :k], (b, k))
         true = ops.ones((b, k), ms.bool_)
         block = (scores, tokens, ops.full((b, k), -1, dtype=ms.int32), true, sig)
         return (block,), (ids, scores, tokens, sig, true[:, 0])
@@ -111,25 +118,22 @@ class TreeGrowth(nn.Cell):
 
     def grow(self, state, depth: int, logprob, target_ids):
         """Children of the frontier at ``depth`` (they have depth + 1) from that depth's expand call,
-        logprob, target_ids [B, k rows, K]. Returns (state, parent_rows [B, k]): the rows of this call
-        that the new frontier nodes are children of (host: ``top // k``)."""
+        logprob [B, k rows, K] f32, target_ids [B, k, K] i32. Returns (state, parent_rows [B, k]): the
+        rows of this call that the new frontier nodes are children of (host: ``top // k``)."""
         blocks, (front, front_scores, _, front_sig, alive) = state
         k, b = self.k, front.shape[0]
         n = k + (depth - 1) * k * k                                           # candidates made so far
         if self.cut is not None:
             alive = alive & (ops.amax(front_scores, -1) >= self.cut)
         scores = (front_scores[:, :, None] + ops.minimum(logprob[:, :, :k], 0.0)).reshape(b, k * k)
-        tokens = target_ids[:, :, :k].reshape(b, k * k).astype(ms.int32)
-        rows = ops.broadcast_to(front[:, :, None], (b, k, k)).reshape(b, k * k)  # parent candidate ids
-        parent_sig = ops.broadcast_to(front_sig[:, :, None, :], (b, k, k, self.d)).reshape(b, k * k, self.d)
-        sig = ops.where(self.levels == depth, self.child_col[None, :, None], parent_sig)  # [B, k^2, D]
-        valid = ops.broadcast_to(alive[:, None], (b, k * k))
-        rank = stable_rank(scores, ops.ones((b, k * k), ms.bool_), self.earlier_kk)
-        top = (rank[:, None, :] == self.columns[None, :, None]).astype(ms.int32)  # [B, k, k^2] one-hot
-        top_id = pick(top, ops.broadcast_to(self.child_ids[None], (b, k * k)))  # [B, k] in 0..k^2-1
-        new_sig = (top[:, :, :, None] * sig[:, None, :, :]).sum(2).astype(ms.int32)  # [B, k, D]
-        frontier = (top_id + n, pick(top, scores), pick(top, tokens), new_sig, alive)
-        return (blocks + ((scores, tokens, rows, valid, sig),), frontier), ops.floor_div(top_id, k)
+        tokens = target_ids[:, :, :k].reshape(b, k * k)
+        sig = ops.where(self.level_of[depth], self.child_col, ops.gather(front_sig, self.child_row, 1))
+        top = first_by_rank(stable_rank(scores, None, self.earlier_kk), k, self.ids_kk)  # [B, k] in 0..k^2-1
+        block = (scores, tokens, ops.gather(front, self.child_row, 1),
+                 ops.broadcast_to(alive[:, None], (b, k * k)), sig)
+        frontier = (top + n, ops.gather_elements(scores, 1, top), ops.gather_elements(tokens, 1, top),
+                    ops.gather(sig, top, 1, batch_dims=1), alive)
+        return (blocks + (block,), frontier), ops.floor_div(top, k)
 
     def finish(self, state, committed_len, root_token):
         """Rerank to M, chain-first node ids, tree tensors at committed length L' [B] for root [B].
@@ -139,21 +143,21 @@ class TreeGrowth(nn.Cell):
         equal to eagle_ms/tree.py ``tensorize(chain_first(tree), L', M, D)`` of the host tree.
         """
         blocks = state[0]
-        scores, tokens, parents, valid = (ops.concat([blk[i] for blk in blocks], 1) for i in range(4))
-        sig = ops.concat([blk[4] for blk in blocks], 1)                       # [B, n_c, D]
+        scores, tokens, parents, valid, sig = (ops.concat([blk[i] for blk in blocks], 1) for i in range(5))
         b = scores.shape[0]
         kept = valid & (stable_rank(scores, valid, self.earlier_c) < self.m)   # [B, n_c]
         earlier = lex_less(sig) & kept[:, :, None]                            # [B, n_c(u), n_c(v)]
-        node = ops.where(kept, earlier.astype(ms.int32).sum(1).astype(ms.int32) + 1, 0)  # [B, n_c]
-        parent_node = ops.where(parents < 0, 0, ops.gather_elements(node, 1, ops.maximum(parents, 0)))
-        onehot = (kept[:, None, :] & (node[:, None, :] == self.node_ids[None, :, None])).astype(ms.int32)
-        zero = ops.zeros((b, 1), ms.int32)
-        tok = ops.concat((root_token.reshape(b, 1).astype(ms.int32), pick(onehot, tokens)), 1)  # [B, N]
-        parent = ops.concat((zero, pick(onehot, parent_node)), 1)
-        depth = ops.concat((zero, pick(onehot, ops.broadcast_to(self.cand_depth, scores.shape))), 1)
-        is_node = ops.concat((ops.ones((b, 1), ms.bool_), onehot.sum(-1) > 0), 1)
-        score = ops.concat((ops.zeros((b, 1), ms.float32),
-                            (onehot.astype(ms.float32) * scores[:, None, :]).sum(-1)), 1)
+        node = ops.where(kept, earlier.astype(ms.int32).sum(1).astype(ms.int32) + 1, 0)  # [B, n_c]: 0 = not kept
+        hit = (node[:, None, :] == self.ids_n[None, :, None]) & self.not_root[None, :, None]  # [B, N, n_c]
+        cand = (hit.astype(ms.int32) * self.ids_c).sum(-1).astype(ms.int32)   # [B, N]: node n's candidate (or 0)
+        real = hit.any(-1)                                                    # a kept candidate (not root/pad)
+        par = ops.gather_elements(parents, 1, cand)
+        parent = ops.where(real & (par >= 0), ops.gather_elements(node, 1, ops.maximum(par, 0)), 0)
+        root = ops.where(self.not_root, 0, root_token.reshape(b, 1))          # [B, N]: root token at node 0
+        tok = ops.where(real, ops.gather_elements(tokens, 1, cand), root)
+        is_node = real | ~self.not_root
+        depth = ops.where(real, ops.gather_elements(ops.broadcast_to(self.cand_depth, scores.shape), 1, cand), 0)
+        score = ops.where(real, ops.gather_elements(scores, 1, cand), 0.0)
         return self.tensors(tok, parent, depth, is_node, committed_len) + (score,)
 
     def tensors(self, tokens, parent, depth, valid, committed_len):
@@ -167,7 +171,7 @@ class TreeGrowth(nn.Cell):
         seen = (ancestors[:, :, :, None] == ids[None, None, None, :]).any(1)   # [B, N(k), N(j)]
         mask = (seen & valid[:, :, None] & valid[:, None, :]) | self.eye_n
         paths, lengths, num_paths = self.leaf_paths(parent, depth, valid, ancestors)
-        start = committed_len.reshape(b, 1).astype(ms.int32)
+        start = committed_len.reshape(b, 1)
         return (tokens, parent, depth, valid, ancestors, start + depth, start + ids[None],
                 mask, paths, lengths, num_paths)
 
@@ -175,17 +179,17 @@ class TreeGrowth(nn.Cell):
         """Root-to-leaf rows in ascending leaf id (eagle_ms/tree.py ``_leaf_paths``): row r of leaf q of
         depth d is paths[r, i] = A[max(d - i, 0), q]; unused rows 0 with length 0.
         Example: leaves 2 (depth 1) and 3 (A[:, 3] = [3, 1, 0]), D = 2 -> [0, 2, 2], [0, 1, 3]."""
-        b, n = parent.shape
         ids = self.ids_n
-        child_of = (parent[:, :, None] == ids[None, None, :]) & valid[:, :, None] & (ids > 0)[None, :, None]
+        child_of = (parent[:, :, None] == ids) & (valid & self.not_root)[:, :, None]  # [B, N(child), N]
         leaf = valid & ~child_of.any(1)                                       # [B, N]
         leaf_i = leaf.astype(ms.int32)
         before = ops.cumsum(leaf_i, 1) - leaf_i                               # leaves with a smaller id
-        onehot = (leaf[:, None, :] & (before[:, None, :] == self.rows_p[None, :, None])).astype(ms.int32)
-        leaf_id, leaf_depth = pick(onehot, ops.broadcast_to(ids[None], (b, n))), pick(onehot, depth)
-        used = onehot.sum(-1) > 0                                             # [B, P]
+        hit = leaf[:, None, :] & (before[:, None, :] == ids[:self.m][None, :, None])  # [B, P, N]
+        leaf_id = (hit.astype(ms.int32) * ids).sum(-1).astype(ms.int32)       # [B, P]; 0 for unused rows
+        used = hit.any(-1)
+        leaf_depth = ops.gather_elements(depth, 1, leaf_id)
         level = ops.maximum(leaf_depth[:, :, None] - self.levels_1, 0)       # [B, P, D+1]
         chains = ops.gather(ancestors.swapaxes(1, 2), leaf_id, 1, batch_dims=1)  # [B, P, D+1]: A[:, leaf]
-        paths = ops.gather_elements(chains, 2, level)
-        lengths = ops.where(used, leaf_depth + 1, 0).astype(ms.int32)
+        paths = ops.where(used[:, :, None], ops.gather_elements(chains, 2, level), 0)
+        lengths = ops.where(used, leaf_depth + 1, 0)
         return paths, lengths, leaf_i.sum(-1).astype(ms.int32)
