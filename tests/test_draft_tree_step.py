@@ -155,73 +155,92 @@ def draft_state(tied: bool):
     return state
 
 
-class Pair:
-    """Two drafts with the same weights and separate caches: ``host`` (host path) and ``dev`` (device)."""
+class Setup:
+    """One draft Cell driven two ways from the same state: the device step, then (cache restored) the host
+    path. Sharing the Cell keeps the compiled graphs few; the host path still starts from the state before
+    the device step, so the device's extend is checked against the host's (tree and cache bytes)."""
 
     def __init__(self):
         self.embed = np.random.default_rng(6).standard_normal((CFG.vocab_size, CFG.hidden_size)).astype(np.float32)
-        self.host = Eagle3Draft(CFG, 1, CAP, TOP_K)
-        self.dev = Eagle3Draft(CFG, 1, CAP, TOP_K)
+        self.draft = Eagle3Draft(CFG, 1, CAP, TOP_K)
+        self.cache = self.draft.midlayer.self_attn.kv_cache
+        self.state_params = [self.cache.k_cache, self.cache.v_cache] + [
+            p for _, p in self.draft.root_pair.parameters_and_names()]
         self.devices = {}
         self.load(tied=False)
 
     def load(self, tied):
-        for draft in (self.host, self.dev):
-            load_draft_state(draft, draft_state(tied), embed=self.embed)
+        load_draft_state(self.draft, draft_state(tied), embed=self.embed)
 
     def drafters(self, case):
         params, window, windows = CASES[case]
-        make = lambda draft: Eagle3Drafter(draft, params, C, CHUNK, window, attention_windows=windows)  # noqa: E731
-        host = make(self.host)
+        host = Eagle3Drafter(self.draft, params, C, CHUNK, window, attention_windows=windows)
         if case not in self.devices:  # one DeviceTreeDrafter per case keeps its compiled graphs
-            self.devices[case] = DeviceTreeDrafter(make(self.dev))
+            self.devices[case] = DeviceTreeDrafter(
+                Eagle3Drafter(self.draft, params, C, CHUNK, window, expand_cell=host.expand_cell,
+                              attention_windows=windows))
         return host, self.devices[case]
+
+    def snapshot(self):
+        return [p.asnumpy().copy() for p in self.state_params]
+
+    def restore(self, saved):
+        for param, value in zip(self.state_params, saved):
+            param.set_data(Tensor(value))
+
+    def pairs(self, start, stop):
+        """K and V of committed pairs [start, stop): [2, Hkv, n, head_dim] (slots X + start ..)."""
+        x = CAP - C
+        full = [p.asnumpy().reshape(self.cache.num_kv_heads, CAP, -1) for p in (self.cache.k_cache, self.cache.v_cache)]
+        return np.stack([f[:, x + start:x + stop] for f in full])
 
 
 @pytest.fixture(scope="module")
-def pair():
-    return Pair()
+def setup():
+    return Setup()
 
 
-def drive(host, device, seed, events, prompt_len=13, check_reference=False, run_dir=None):
-    """begin both drafters, then one device step per event, each compared with the host path (an independent
-    cache): A in -1..D (the previous verify accepted A drafts; -1 = no step yet) or ("fallback", n) (n
-    tokens committed by teacher-only steps, observed through the host path on both, then A = -1).
-    ``check_reference``: also the reference-mode check on the device's own cache. Returns the host trees."""
+def drive(setup, host, device, seed, events, prompt_len=13, check_reference=False, run_dir=None):
+    """begin, then per event one device step and (from the state before it) the host path, compared:
+    the trees, and the K/V the two extends committed. Events: A in -1..D (the previous verify accepted A
+    drafts; -1 = no step yet) or ("fallback", n) (n tokens of teacher-only steps, observed through the host
+    path, then A = -1). ``check_reference``: also the reference-mode check after each device step.
+    Returns the host trees."""
     rng = np.random.default_rng(seed)
     d, params = device.params.max_depth, device.params
     prompt = rng.integers(0, CFG.vocab_size, prompt_len)
     aux = rng.standard_normal((prompt_len, AUX)).astype(np.float32)
     root = int(rng.integers(CFG.vocab_size))
     host.begin(prompt, aux, root)
-    device.drafter.begin(prompt, aux, root)
     length, trees = host.length, []
     for event in events:
         rows = rng.standard_normal((1, d + 1, AUX)).astype(np.float32) * 3  # padding rows: finite, ignored
         a = event if isinstance(event, int) else -1
-        if a < 0:
-            result = no_step_result(d)
-            if not isinstance(event, int):  # teacher-only steps: the host path observes for both drafters
-                tokens = rng.integers(0, CFG.vocab_size, event[1])
-                feats = rng.standard_normal((event[1], AUX)).astype(np.float32)
-                for drafter in (host, device.drafter):
-                    drafter.observe(np.concatenate([[root], tokens[:-1]]), feats, int(tokens[-1]))
-                root, length = int(tokens[-1]), length + event[1]
-        else:
-            tokens = rng.integers(0, CFG.vocab_size, a + 1)  # A drafts + the bonus (the next root)
-            host.observe(np.concatenate([[root], tokens[:-1]]), rows[0, :a + 1], int(tokens[-1]))
-            result = pack_result_numpy([(a, tokens, np.arange(a + 1))], d)
-            root = int(tokens[-1])
+        if not isinstance(event, int):  # teacher-only steps: observed through the host path, then A = -1
+            tokens = rng.integers(0, CFG.vocab_size, event[1])
+            host.observe(np.concatenate([[root], tokens[:-1]]), rng.standard_normal((event[1], AUX)).astype(np.float32),
+                         int(tokens[-1]))
+            root, length = int(tokens[-1]), length + event[1]
+        tokens = rng.integers(0, CFG.vocab_size, a + 1)  # A drafts + the bonus (the next root)
+        result = no_step_result(d) if a < 0 else pack_result_numpy([(a, tokens, np.arange(a + 1))], d)
+        before = setup.snapshot()
         tree = device.step(Tensor(result), Tensor(rows), length, a)
+        got = tree.to_host()
+        if check_reference:
+            check_device_tree(device.drafter, tree, run_dir)  # the reference-mode check, same cache
+        device_pairs = setup.pairs(0, C)
+        setup.restore(before)
+        if a >= 0:
+            host.observe(np.concatenate([[root], tokens[:-1]]), rows[0, :a + 1], int(tokens[-1]))
+            root = int(tokens[-1])
         length += a + 1
         assert tree.committed_len == host.length == device.drafter.length == length
-        got = tree.to_host()
+        np.testing.assert_allclose(device_pairs[:, :, :length], setup.pairs(0, length), rtol=0, atol=1e-6)
+        assert np.array_equal(device_pairs[:, :, length:], setup.pairs(length, C)), "wrote past the committed pairs"
         assert all(getattr(got.tensors, f).dtype == np.int32 for f in INT_FIELDS)
         check_invariants(got.tensors)
         want = host_tree(host.propose(root), length, params.budget, d)
         compare_trees(got, want, run_dir)
-        if check_reference:
-            check_device_tree(device.drafter, tree, run_dir)  # the reference-mode check, same cache
         trees.append(want)
     return trees
 
@@ -235,10 +254,10 @@ def events_for(max_depth):
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_device_tree_equals_host_path(pair, case):
+def test_device_tree_equals_host_path(setup, case):
     params, _, windows = CASES[case]
-    host, device = pair.drafters(case)
-    trees = drive(host, device, seed=len(case), events=events_for(params.max_depth),
+    host, device = setup.drafters(case)
+    trees = drive(setup, host, device, seed=len(case), events=events_for(params.max_depth),
                   check_reference=windows is not None)
     if windows:
         assert sorted(device.steps) == [16, C], "the steps did not cross the attention window 16"
@@ -247,3 +266,94 @@ def test_device_tree_equals_host_path(pair, case):
         assert any(t.tensors.depth.max() > 1 for t in trees), "min_path_prob cut every tree at depth 1"
     for graph in device.steps.values():
         assert len(graph.compile_cache) == 1, "a new call recompiled the tree step"
+
+
+def test_exact_log_prob_ties(setup):
+    """Duplicated lm_head rows: every draft log-prob ties exactly with its twin's, so siblings, frontier
+    candidates and rerank candidates tie; the device must break every tie as build_tree does."""
+    case = "M16-D4-k2-windows"
+    params = CASES[case][0]
+    setup.load(tied=True)
+    try:
+        host, device = setup.drafters(case)
+        trees = drive(setup, host, device, seed=77, events=events_for(params.max_depth))
+    finally:
+        setup.load(tied=False)
+    assert sum(sibling_ties(t) for t in trees) > len(trees), "the ties did not reach the trees"
+
+
+def sibling_ties(tree: HostTree) -> int:
+    """Pairs of sibling nodes with exactly equal scores."""
+    t = tree.tensors
+    nodes = np.flatnonzero(t.valid)[1:]
+    return sum(len(s) - len(set(s)) for s in
+               ([tree.scores[n] for n in nodes if t.parent[n] == p] for p in range(t.num_nodes)))
+
+
+def test_every_extend_keeps_the_root_pair_on_the_device(setup):
+    """Eagle3Drafter.begin / observe store the last pair's output in Eagle3Draft.root_pair (device), equal to
+    the copy the host path keeps."""
+    host, _ = setup.drafters("M8-D1-k4")
+    rng = np.random.default_rng(3)
+    host.begin(rng.integers(0, 64, 11), rng.standard_normal((11, AUX)).astype(np.float32), 9)
+    for step in range(2):
+        store = setup.draft.root_pair
+        assert int(store.token.asnumpy()[0]) == host.root_token
+        np.testing.assert_array_equal(store.logprob.asnumpy()[0], host._root.logprob)
+        np.testing.assert_array_equal(store.target_ids.asnumpy()[0], host._root.target_ids)
+        np.testing.assert_array_equal(store.hidden.asnumpy()[0], host._root.hidden)
+        host.observe(np.array([host.root_token, 4]), rng.standard_normal((2, AUX)).astype(np.float32), 20 + step)
+
+
+def test_mismatch_names_the_first_differing_field_and_dumps(setup, tmp_path):
+    host, device = setup.drafters("M8-D1-k4")
+    rng = np.random.default_rng(4)
+    host.begin(rng.integers(0, 64, 5), rng.standard_normal((5, AUX)).astype(np.float32), 2)
+    device.drafter.follow_device(host.length)
+    tree = device.step(no_step_result(1), np.zeros((1, 2, AUX), np.float32), host.length, -1)
+    got = check_device_tree(device.drafter, tree, str(tmp_path))  # equal: no error, no dump
+    assert not (tmp_path / "failures").exists()
+    parent = got.tensors.parent.copy()
+    parent[2] = 1  # a valid node re-parented
+    bad = HostTree(dataclasses_replace(got.tensors, parent=parent), got.scores)
+    with pytest.raises(DraftTreeMismatch, match=r"field 'parent' differs at \[2\]: device 1 host 0") as err:
+        compare_trees(bad, got, str(tmp_path))
+    dump = json.loads(open(err.value.dump_path).read())
+    assert dump["field"] == "parent" and dump["device"]["parent"][2] == 1 and dump["host"]["parent"][2] == 0
+    with pytest.raises(DraftTreeMismatch, match="field 'scores' differs by more than 1e-05 at \\[1\\]"):
+        compare_trees(HostTree(got.tensors, got.scores + np.eye(got.scores.size)[1] * 2e-5), got)
+    compare_trees(HostTree(got.tensors, got.scores + 5e-6), got)  # within float32 rounding of the sums
+
+
+def dataclasses_replace(obj, **changes):
+    import dataclasses
+    return dataclasses.replace(obj, **changes)
+
+
+def test_follow_device_hands_back_to_the_host(setup):
+    host, device = setup.drafters("M8-D1-k4")
+    host.follow_device(7)
+    assert host.length == 7 and host.root_token is None
+    with pytest.raises(RuntimeError, match="begin/observe missing"):
+        host.propose(3)
+    with pytest.raises(ValueError, match="device draft length 0"):
+        host.follow_device(0)
+
+
+def test_bad_input_names_the_value(setup):
+    host, device = setup.drafters("M8-D1-k4")
+    with pytest.raises(ValueError, match="accepted=2: must be in \\[-1, max_depth 1\\]"):
+        device.step(no_step_result(1), np.zeros((1, 2, AUX)), 5, 2)
+    with pytest.raises(ValueError, match=f"= {C + 1} pairs must be in \\[1, capacity {C}\\]"):
+        device.step(no_step_result(1), np.zeros((1, 2, AUX)), C - 1, 1)
+    with pytest.raises(ValueError, match="committed_len=0"):
+        device.step(no_step_result(1), np.zeros((1, 2, AUX)), 0, -1)
+    params = TreeParams(8, 4, 2)
+    with pytest.raises(ValueError, match="attention window 0"):
+        DraftTreeStep(setup.draft, params, None, C, 0)
+    with pytest.raises(ValueError, match="scratch slots"):
+        DraftTreeStep(setup.draft, TreeParams(8, 30, 2), None, C, C)
+    with pytest.raises(ValueError, match="speculative.top_k"):
+        DraftTreeStep(setup.draft, TreeParams(8, 4, TOP_K + 1), None, C, C)
+    with pytest.raises(ValueError, match="speculative.draft_window"):
+        DraftTreeStep(setup.draft, params, 0, C, C)
