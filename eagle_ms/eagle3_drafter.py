@@ -3,7 +3,8 @@
 Alignment (batch 1). The teacher has committed length L and ``root`` (the token at position L, chosen,
 not yet in the teacher cache). The draft has committed the L pairs j = 0..L-1, pair j = (teacher
 feature f_j, token t_{j+1}) at RoPE position j; the last one is (f_{L-1}, root), and its output
-(top-k + hidden) is kept on the host as the tree's depth-1 distribution.
+(top-k + hidden) is kept on the host as the tree's depth-1 distribution, and on the device by every extend
+call (``Eagle3Draft.root_pair``), so a device tree step can start from it without the host.
 
 Draft cache layout, capacity S = X + C (X = scratch size, C = teacher capacity):
 
@@ -23,7 +24,8 @@ Calls:
   * observe(committed [A+1], aux [A+1, 3H], next_root): pairs (f_L, d_1) ... (f_{L+A}, bonus) in ONE
     call of Dmax+1 rows (padding rows go to scratch); after teacher-only fallback steps the tokens of
     several steps come at once, in ceil(n / (Dmax+1)) calls;
-  * propose(root): ``drafting.build_tree`` with one ``expand`` call of k rows per depth. Frontier node
+  * propose(root): ``drafting.build_tree`` with one ``expand`` call of k rows per depth (the host path;
+    ``DraftTreeStep`` drafts the same tree in one device call and ``follow_device`` hands back to the host). Frontier node
     at depth t: token = its own, feature = its parent's output hidden, position L-1+t, slot in scratch;
     it sees the committed pairs, its ancestors' scratch slots and itself.
 
@@ -139,6 +141,24 @@ class Eagle3Drafter:
                                self.early_stop)
         return chain_first(self.last.tree)  # the likeliest chain in slot order: its commit needs no copy
 
+    @property
+    def root_token(self) -> int | None:
+        """The last committed pair's token (the next tree's root) when the host holds the root pair."""
+        return None if self._root is None else self._root.token
+
+    def follow_device(self, length: int, read_root: bool = False) -> None:
+        """Take over from device tree steps (eagle_ms/models/draft_tree_step.py), which extended this draft's
+        cache to ``length`` committed pairs and kept the root pair on the device (``Eagle3Draft.root_pair``).
+        ``read_root``: copy that pair to the host, so ``propose`` (the reference, eagle_ms/draft_tree_check.py)
+        continues from it; otherwise ``propose`` refuses until the next ``begin``/``observe``."""
+        if not 1 <= length <= self.committed_capacity:
+            raise ValueError(f"device draft length {length} outside [1, capacity {self.committed_capacity}]")
+        self.length, self._root = length, None
+        if read_root:
+            store = self.draft.root_pair
+            self._root = RootPair(int(store.token.asnumpy()[0]), store.logprob.asnumpy()[0],
+                                  store.target_ids.asnumpy()[0], store.hidden.asnumpy()[0])
+
     # ------------------------------------------------------------------ calls
 
     def _mask_width(self, end: int) -> int:
@@ -174,7 +194,8 @@ class Eagle3Drafter:
         slots = np.where(real, self.scratch + L + i, i).astype(np.int32)  # padding rows -> scratch slot i
         allowed = self._visible(np.where(real, L + i + 1, 0), width)  # a real row sees up to itself
         allowed[i, slots] = True  # padding rows: only themselves
-        logprob, top_ids, hidden = self.draft(*self._tensors(ids, feats, positions, slots, allowed))
+        last_row = Tensor(np.array([n - 1], np.int32))  # kept on the device too (Eagle3Draft.root_pair)
+        logprob, top_ids, hidden = self.draft(*self._tensors(ids, feats, positions, slots, allowed), last_row)
         self.length = L + n
         self._root = RootPair(int(tokens[-1]), logprob.asnumpy()[0, n - 1], top_ids.asnumpy()[0, n - 1],
                               hidden.asnumpy()[0, n - 1])

@@ -21,7 +21,9 @@ Two fixed-shape graphs share ONE set of weights and ONE static KV cache:
     Eagle3Expand (expand): same, but features are the draft's own hidden [B,N,H] (no fc)
 
 both returning ``(topk_logprob [B,N,K] f32, topk_target_ids [B,N,K] i32, hidden [B,N,H])`` with the
-top-k taken in the graph. K/V of the N rows are written at ``cache_slots`` before attention; the mask
+top-k taken in the graph. The extend graph also takes ``last_row [B] i32`` (the last real row) and keeps
+that row's outputs, the next tree's root pair, on the device (``RootPairStore``), so a device-resident
+tree step (eagle_ms/models/draft_tree_step.py) can start from it without the host. K/V of the N rows are written at ``cache_slots`` before attention; the mask
 (True = may attend to that slot) is the single mask source, converted by the attention backend. Its
 width W <= S selects the attention window: only cache slots [0, W) are read (one graph per (N, W)).
 
@@ -120,6 +122,38 @@ class DraftMidLayer(nn.Cell):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
+class RootPairStore(nn.Cell):
+    """The draft's output at its last committed pair, kept in Parameters (never trained, not checkpoint
+    content): token [B] i32 (the pair's token = the next tree's root), logprob [B,K] f32 and target_ids
+    [B,K] i32 (its top-K), hidden [B,H] f32 (the depth-1 nodes' input feature)."""
+
+    def __init__(self, batch: int, top_k: int, hidden: int):
+        super().__init__()
+        def param(name, shape, dtype):
+            return Parameter(Tensor(np.zeros(shape, dtype)), name=name, requires_grad=False)
+        self.token = param("token", (batch,), np.int32)
+        self.logprob = param("logprob", (batch, top_k), np.float32)
+        self.target_ids = param("target_ids", (batch, top_k), np.int32)
+        self.hidden = param("hidden", (batch, hidden), np.float32)
+
+    def keep(self, token, logprob, target_ids, hidden):
+        """Overwrite the stored pair (side effects, kept and ordered by MindSpore's auto-monad even when
+        the caller ignores them); returns the values written."""
+        ops.assign(self.token, token)
+        ops.assign(self.logprob, logprob)
+        ops.assign(self.target_ids, target_ids)
+        ops.assign(self.hidden, hidden)
+        return token, logprob, target_ids, hidden
+
+    def keep_row(self, input_ids, logprob, target_ids, hidden, last_row):
+        """Keep row ``last_row`` [B] of an extend call's inputs/outputs ([B,N], [B,N,K], [B,N,K], [B,N,H])."""
+        row = last_row.reshape(-1, 1).astype(ms.int32)                      # [B, 1]
+        return self.keep(ops.gather(input_ids, row, 1, batch_dims=1)[:, 0].astype(ms.int32),
+                         ops.gather(logprob, row, 1, batch_dims=1)[:, 0],
+                         ops.gather(target_ids, row, 1, batch_dims=1)[:, 0],
+                         ops.gather(hidden, row, 1, batch_dims=1)[:, 0])
+
+
 class Eagle3Draft(nn.Cell):
     """The draft; ``construct`` is the ``extend`` graph (teacher features through fc).
 
@@ -159,11 +193,19 @@ class Eagle3Draft(nn.Cell):
         self.mask_backend = self.midlayer.self_attn.attn
         self.matmul_t = ops.MatMul(transpose_b=True)
         self.t2d = None  # host-side bool [V] (set by eagle_ms.draft_weights.load_draft_state); not in graphs
+        self.root_pair = RootPairStore(batch, top_k, h)
 
-    def construct(self, input_ids, features, position_ids, cache_slots, attn_mask):
-        """extend: features [B,N,3Ht] are teacher aux features (fc applied). Returns (logprob, ids, hidden)."""
+    def construct(self, input_ids, features, position_ids, cache_slots, attn_mask, last_row=None):
+        """extend: features [B,N,3Ht] are teacher aux features (fc applied). Returns (logprob, ids, hidden).
+
+        ``last_row`` [B] i32: also keep that row's token and outputs in ``root_pair`` (the drafter's
+        extends pass it; without it nothing is kept).
+        """
         feature = self.fc(features.astype(self.fc.weight.dtype))
-        return self.step(input_ids, feature, position_ids, cache_slots, attn_mask)
+        logprob, ids, hidden = self.step(input_ids, feature, position_ids, cache_slots, attn_mask)
+        if last_row is not None:
+            self.root_pair.keep_row(input_ids, logprob, ids, hidden, last_row)
+        return logprob, ids, hidden
 
     def step(self, input_ids, feature, position_ids, cache_slots, attn_mask):
         """One cached draft step over N rows whose feature [B,N,H] is already in the draft's width.

@@ -1,0 +1,159 @@
+"""DraftTreeStep: one graph call per speculative step drafts the whole EAGLE-2 tree on the device.
+
+Contract (issue #15, shared with the verify graph; B batch, D = max_depth, k = top_k, M = budget,
+N = M + 1, P = M, X = scratch slots, C = committed capacity, W = the attention window of this instance):
+
+    construct(result [B, 2D+3] i32, accepted_aux [B, D+1, 3Ht], committed_len [B] i32)
+      -> (tokens [B,N] i32, parent [B,N] i32, depth [B,N] i32, valid [B,N] bool, ancestors [B,D+1,N] i32,
+          position_ids [B,N] i32, cache_slots [B,N] i32, tree_mask [B,N,N] bool, paths [B,P,D+1] i32,
+          path_lengths [B,P] i32, num_paths [B] i32, scores [B,N] f32)
+
+``result`` is the previous verify's packed result: col 0 = A (accepted drafts; -1 = no step yet, after
+``Eagle3Drafter.begin``), cols 1..D+1 = the emitted tokens (A drafts, the bonus, 0-padding), cols D+2..
+= accepted node ids (unused here). ``accepted_aux`` = the accepted nodes' teacher features, root first.
+``committed_len`` L = draft pairs committed before this call (the teacher's length before that verify's
+commit). The tree is for the teacher at L' = L + A + 1 and equals eagle_ms/tree.py
+``tensorize(chain_first(build_tree(...).tree), L', M, D)`` of the host path (eagle_ms/eagle3_drafter.py),
+scores to float32 rounding (eagle_ms/models/tree_graph.py).
+
+In the graph (the draft-cache layout of eagle_ms/eagle3_drafter.py: scratch [0, X), pair j at X + j):
+  1. extend: the A+1 pairs (f_{L+i}, t_i) (f = accepted_aux rows, t = emitted tokens) at slots X+L+i,
+     positions L+i, in D+1 rows; padding rows (i > A) write scratch slot i, position L, token 0, and see
+     only themselves. Row i sees pairs [max(L+i+1-w, 0), L+i+1) (w = context_window, else all).
+  2. root pair: row A's (token, top-K, hidden), or the stored one when A = -1; stored again
+     (``Eagle3Draft.root_pair``).
+  3. depths 1..D-1: one k-row draft call each (frontier row r at depth t: token its own, feature its
+     parent's hidden (depth 1: the root pair's), position L'-1+t, scratch slot (t-1)k + r; it sees pairs
+     [max(L'-w, 0), L'), its ancestors' scratch slots and itself), then ``TreeGrowth.grow``.
+  4. ``TreeGrowth.finish``: rerank to M, chain-first node ids, the tree tensors.
+Worked example (X = 24, L = 10, A = 2, D = 4): extend rows 0..2 write slots 34, 35, 36 (positions 10..12),
+rows 3, 4 write scratch slots 3, 4; L' = 13; depth-2 row 1 writes scratch slot k + 1 at position 13.
+
+Attention reads cache slots [0, X + W) (W = ``window``, one graph per window as the teacher's); the host
+picks the instance with W >= L' (eagle_ms/device_drafter.py). Indices are in range by construction:
+slots are clamped to the cache, gathers index fixed-size tables with ids < their size.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+
+from eagle_ms.models.eagle3 import Eagle3Draft
+from eagle_ms.models.kv_cache import flat_rows
+from eagle_ms.models.tree_graph import TreeGrowth
+
+OUTPUT_NAMES = ("tokens", "parent", "depth", "valid", "ancestors", "position_ids", "cache_slots", "tree_mask",
+                "paths", "path_lengths", "num_paths", "scores")
+
+
+# Local copies of eagle_ms/models/step_result.py's layout helpers (same names; owned by the verify graph).
+ACCEPTED_COLUMN = 0
+
+
+def result_width(max_depth: int) -> int:
+    """Columns of the packed step result: A, D+1 emitted tokens, D+1 node ids. Example: D = 12 -> 27."""
+    return 2 * (max_depth + 1) + 1
+
+
+def token_columns(max_depth: int) -> slice:
+    """Columns of the emitted tokens: 1 .. D+1. Example: max_depth 3 -> slice(1, 5)."""
+    return slice(1, max_depth + 2)
+
+
+class DraftTreeStep(nn.Cell):
+    """The draft graph of one speculative step (module doc). ``params``: eagle_ms/drafting.py TreeParams
+    (any object with budget, max_depth, top_k, min_path_prob). Shares ``draft``'s weights and cache."""
+
+    def __init__(self, draft: Eagle3Draft, params, context_window: int | None, committed_capacity: int,
+                 window: int):
+        super().__init__(auto_prefix=False)  # never rename the draft's (or the shared teacher's) parameters
+        self.d, self.k = params.max_depth, params.top_k
+        self.scratch = draft.capacity - committed_capacity  # X
+        need = max((self.d - 1) * self.k, self.d + 1)
+        if self.scratch < need:
+            raise ValueError(f"draft cache capacity {draft.capacity} leaves {self.scratch} scratch slots past "
+                             f"the committed capacity {committed_capacity}; the tree step needs {need}")
+        if not 1 <= window <= committed_capacity:
+            raise ValueError(f"attention window {window} must be in [1, committed capacity {committed_capacity}]")
+        if draft.top_k < self.k:
+            raise ValueError(f"config key 'speculative.top_k' = {self.k}: the draft graph was built with top_k "
+                             f"{draft.top_k} (its in-graph top-K must be >= k)")
+        if context_window is not None and context_window < 1:
+            raise ValueError(f"config key 'speculative.draft_window' = {context_window}: must be >= 1 or null")
+        self.draft, self.window, self.context_window = draft, window, context_window
+        self.width = self.scratch + window  # mask width: slots [0, X + W)
+        self.growth = TreeGrowth(params.budget, self.d, self.k, params.min_path_prob)
+        self.rows = Tensor(np.arange(self.d + 1, dtype=np.int32)[None])       # [1, D+1] extend rows
+        self.columns = Tensor(np.arange(self.width, dtype=np.int32))          # [X+W] cache slots read
+        # expansion at depth t, row r -> scratch slot (t-1)k + r: its mask column and its cache rows
+        slots = [(t - 1) * self.k + np.arange(self.k) for t in range(1, self.d)]
+        self.own = [Tensor((np.arange(self.width) == s[:, None])[None]) for s in slots]  # [1, k, X+W] bool
+        heads, b = draft.config.num_key_value_heads, draft.batch
+        self.cache_rows = [flat_rows(Tensor(np.tile(s[None], (b, 1)).astype(np.int32)), heads, draft.capacity)
+                           for s in slots]                                    # [B*Hkv*k] int32 each
+
+    def construct(self, result, accepted_aux, committed_len):
+        accepted = result[:, ACCEPTED_COLUMN]                                # [B] A (-1: no step yet)
+        emitted = result[:, token_columns(self.d)]                           # [B, D+1]
+        logprob, ids, hidden = self.extend(accepted, emitted, accepted_aux, committed_len)
+        root = self.root_pair(accepted, emitted, logprob, ids, hidden)
+        return self.draft_tree(root, committed_len + accepted + 1)
+
+    def visible(self, upto):
+        """upto [B, n] -> [B, n, X+W] bool: committed pairs [lo, upto) with lo by ``context_window``."""
+        pair = self.columns - self.scratch                                   # column -> pair (< 0: scratch)
+        upto = upto[:, :, None]
+        lo = ops.zeros_like(upto) if self.context_window is None else ops.maximum(upto - self.context_window, 0)
+        return (pair >= lo) & (pair < upto)
+
+    def extend(self, accepted, emitted, accepted_aux, committed_len):
+        """Commit pairs L .. L+A in one (D+1)-row extend call (module doc, step 1)."""
+        b = emitted.shape[0]
+        rows = ops.broadcast_to(self.rows, (b, self.d + 1))                  # [B, D+1]
+        start = committed_len.reshape(b, 1).astype(ms.int32)
+        real = rows <= accepted[:, None]
+        ids = ops.where(real, emitted, 0)
+        positions = ops.where(real, start + rows, start)
+        slots = ops.minimum(ops.where(real, self.scratch + start + rows, rows), self.draft.capacity - 1)
+        own = self.columns[None, None, :] == slots[:, :, None]
+        allowed = self.visible(ops.where(real, start + rows + 1, 0)) | own  # a real row sees up to itself
+        return self.draft(ids, accepted_aux, positions, slots, allowed)
+
+    def root_pair(self, accepted, emitted, logprob, ids, hidden):
+        """(token [B], top-K logprob [B,K], target ids [B,K], hidden [B,H]) of the new last pair, kept."""
+        store = self.draft.root_pair
+        fresh = accepted >= 0                                                # [B]
+        row = ops.maximum(accepted, 0).reshape(-1, 1)                        # [B, 1]
+        token = ops.where(fresh, ops.gather_elements(emitted, 1, row)[:, 0], store.token)
+        pick = fresh[:, None]
+        lp = ops.where(pick, ops.gather(logprob, row, 1, batch_dims=1)[:, 0], store.logprob)
+        tid = ops.where(pick, ops.gather(ids, row, 1, batch_dims=1)[:, 0], store.target_ids)
+        hid = ops.where(pick, ops.gather(hidden, row, 1, batch_dims=1)[:, 0], store.hidden)
+        return store.keep(token, lp, tid, hid)
+
+    def draft_tree(self, root, length):
+        """Grow depths 1..D from the root pair at committed length L' [B]; the tree tensors (steps 3-4)."""
+        token, logprob, target_ids, hidden = root
+        b, k = hidden.shape[0], self.k
+        state = self.growth.start(logprob, target_ids)
+        feats = ops.broadcast_to(hidden[:, None, :], (b, k, hidden.shape[-1]))  # [B, k, H]
+        seen = ops.zeros((b, k, self.width), ms.bool_)                       # ancestors' scratch slots
+        start = ops.broadcast_to(length.reshape(b, 1), (b, k))               # [B, k]
+        committed = self.visible(start)                                      # [B, k, X+W]
+        for depth in range(1, self.d):
+            mine = seen | self.own[depth - 1]
+            lp, ids, hid = self.expand(depth, self.growth.frontier_tokens(state), feats, start + (depth - 1),
+                                       committed | mine)
+            state, parent_rows = self.growth.grow(state, depth, lp, ids)
+            feats = ops.gather(hid, parent_rows, 1, batch_dims=1)
+            seen = ops.gather(mine, parent_rows, 1, batch_dims=1)
+        return self.growth.finish(state, length, token)
+
+    def expand(self, depth: int, tokens, feats, positions, mask):
+        """One k-row draft step at ``depth`` (``Eagle3Draft.step`` with this depth's constant cache rows)."""
+        draft = self.draft
+        hidden = draft.layer(tokens, feats.astype(draft.fc.weight.dtype), positions, self.cache_rows[depth - 1], mask)
+        logprob, ids = draft.topk(hidden)
+        return logprob, ids, hidden.astype(ms.float32)

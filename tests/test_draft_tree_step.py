@@ -1,0 +1,359 @@
+"""The device draft tree (eagle_ms/models/draft_tree_step.py, tree_graph.py) against the host path.
+
+Second implementations: eagle_ms/drafting.py ``build_tree`` + eagle_ms/tree.py ``chain_first`` / ``tensorize``
+(the host reference), driven by
+  * an oracle of given per-depth log-probs (the in-graph ranking core ``TreeGrowth`` alone, run eagerly
+    op by op, so the full grid M x Dmax x k = 4 x 3 x 3 costs no graph compiles; random and tied scores);
+  * a second, independent draft Cell with the same weights and its own cache, driven by the host
+    ``Eagle3Drafter`` (begin / observe / propose): the whole DraftTreeStep graph (extend, root pair, every
+    expansion, rerank, tree tensors) on a covering subset of shapes, with context_window, attention windows,
+    min_path_prob, exact log-prob ties (duplicated lm_head rows) and A = -1 .. Dmax from packed results.
+Every device tree also passes ``check_invariants`` and the reference-mode check on its own cache.
+"""
+import json
+
+import numpy as np
+import pytest
+
+from mindspore import Tensor, nn
+
+from eagle_ms.device_drafter import DeviceTreeDrafter, HostTree, no_step_result
+from eagle_ms.draft_tree_check import DraftTreeMismatch, check_device_tree, compare_trees
+from eagle_ms.draft_weights import check_draft_state, load_draft_state, random_draft_state
+from eagle_ms.drafting import TreeParams, build_tree
+from eagle_ms.eagle3_drafter import Eagle3Drafter, scratch_size
+from eagle_ms.models.draft_tree_step import DraftTreeStep, result_width, token_columns
+from eagle_ms.models.eagle3 import Eagle3Config, Eagle3Draft
+from eagle_ms.models.tree_graph import TreeGrowth, stable_rank
+from eagle_ms.tree import chain_first, tensorize
+from eagle_ms.tree_checks import check_invariants
+
+
+def pack_result_numpy(rows, max_depth):
+    """Local copy of eagle_ms/models/step_result.py's: (A, tokens [A+1], node_ids [A+1]) rows -> [B, 2D+3]."""
+    out = np.zeros((len(rows), result_width(max_depth)), np.int32)
+    for b, (a, tokens, node_ids) in enumerate(rows):
+        out[b, 0] = a
+        out[b, token_columns(max_depth)][:a + 1] = tokens
+        out[b, max_depth + 2:][:a + 1] = node_ids
+    return out
+
+
+def host_tree(tree, length, budget, max_depth) -> HostTree:
+    scores = np.zeros(budget + 1)
+    scores[1:tree.num_nodes + 1] = tree.scores
+    return HostTree(tensorize(tree, length, budget, max_depth), scores)
+
+
+# ------------------------------------------------------------------------------ the ranking core alone
+
+class OracleTree(nn.Cell):
+    """TreeGrowth over given log-probs: depth t's expand call returns lp[t-1], ids[t-1] for its k rows."""
+
+    def __init__(self, params):
+        super().__init__()
+        self.growth = TreeGrowth(params.budget, params.max_depth, params.top_k, params.min_path_prob)
+        self.d = params.max_depth
+
+    def construct(self, root_lp, root_ids, lp, ids, length, root):
+        state = self.growth.start(root_lp, root_ids)
+        for depth in range(1, self.d):
+            state, _ = self.growth.grow(state, depth, lp[:, depth - 1], ids[:, depth - 1])
+        return self.growth.finish(state, length, root)
+
+
+def oracle_inputs(rng, k, d, vocab=50, tied=False):
+    """Root top-k and per-depth [D-1, k rows, k] log-probs, each row sorted descending (as ops.topk)."""
+    shape = (max(d - 1, 1), k, k)
+    if tied:  # dyadic values: many exact ties across rows and depths, some log p = 0 (clamped already)
+        root = np.log(rng.choice([1.0, 0.5, 0.25, 0.125], (1, k)))
+        lp = np.log(rng.choice([1.0, 0.5, 0.25, 0.125, 0.0625], shape))
+    else:
+        root = -rng.exponential(1.0, (1, k))
+        lp = -rng.exponential(1.0, shape)
+    root, lp = -np.sort(-root, -1), -np.sort(-lp, -1)
+    ids = rng.integers(0, vocab, shape)
+    return root.astype(np.float32), rng.integers(0, vocab, (1, k)), lp.astype(np.float32), ids
+
+
+def oracle_host_tree(root_lp, root_ids, lp, ids, params, length, root):
+    def expand(depth, parent_rows, tokens):
+        return lp[depth - 1], ids[depth - 1]
+    build = build_tree(root, root_lp[0], root_ids[0], expand, params)
+    return host_tree(chain_first(build.tree), length, params.budget, params.max_depth)
+
+
+def device_output_tree(outputs, length, budget, max_depth) -> HostTree:
+    from eagle_ms.device_drafter import DeviceTree
+    return DeviceTree(*outputs, committed_len=length, budget=budget, max_depth=max_depth).to_host()
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+@pytest.mark.parametrize("max_depth", [1, 4, 12])
+@pytest.mark.parametrize("budget", [1, 4, 16, 32])
+def test_ranking_core_equals_build_tree_on_the_full_grid(budget, max_depth, k):
+    """Random and tied scores; run eagerly (construct called directly: the same ops, no compile)."""
+    params = TreeParams(budget, max_depth, k)
+    cell = OracleTree(params)
+    rng = np.random.default_rng(budget * 100 + max_depth * 10 + k)
+    for tied in (False, True):
+        root_lp, root_ids, lp, ids = oracle_inputs(rng, k, max_depth, tied=tied)
+        length, root = int(rng.integers(1, 500)), int(rng.integers(0, 50))
+        out = cell.construct(Tensor(root_lp), Tensor(root_ids.astype(np.int32)), Tensor(lp[None]),
+                             Tensor(ids[None].astype(np.int32)), Tensor(np.array([length], np.int32)),
+                             Tensor(np.array([root], np.int32)))
+        got = device_output_tree(out, length, budget, max_depth)
+        check_invariants(got.tensors)
+        compare_trees(got, oracle_host_tree(root_lp, root_ids, lp, ids, params, length, root))
+
+
+def test_ranking_core_depth_cut_equals_build_tree():
+    """min_path_prob: the host breaks at the first depth whose best frontier score < log p; here the best
+    depth-t path has p = 0.6^t, so with p = 0.3 exactly depths 1..3 exist (0.6^2 = 0.36 >= 0.3 > 0.216)."""
+    params = TreeParams(16, 8, 2, min_path_prob=0.3)
+    lp = np.broadcast_to(np.log([0.6, 0.3]).astype(np.float32), (7, 2, 2)).copy()
+    ids = np.arange(28).reshape(7, 2, 2)
+    root_lp, root_ids = lp[0, :1], np.array([[5, 6]])
+    out = OracleTree(params).construct(Tensor(root_lp), Tensor(root_ids.astype(np.int32)), Tensor(lp[None]),
+                                       Tensor(ids[None].astype(np.int32)), Tensor(np.array([9], np.int32)),
+                                       Tensor(np.array([1], np.int32)))
+    got = device_output_tree(out, 9, 16, 8)
+    compare_trees(got, oracle_host_tree(root_lp, root_ids, lp, ids, params, 9, 1))
+    assert got.tensors.depth.max() == 3
+
+
+def test_stable_rank_ties_by_index():
+    earlier = Tensor(np.tril(np.ones((5, 5), bool), -1)[None])
+    scores = Tensor(np.array([[-1.0, -0.5, -1.0, 0.0, -0.5]], np.float32))
+    valid = Tensor(np.array([[True, True, True, False, True]]))
+    assert stable_rank(scores, valid, earlier).asnumpy().tolist() == [[2, 0, 3, 4, 1]]
+
+
+# ------------------------------------------------------------------------------ the whole graph vs the host drafter
+
+CFG = Eagle3Config(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                   vocab_size=64, draft_vocab_size=40, target_hidden_size=24, aux_layer_ids=(0, 1, 2))
+C = 112  # committed capacity: room for A = 0..12 in one run
+CHUNK = 8
+TOP_K = 4  # the drafts' in-graph top-K (k <= 4 below)
+AUX = 3 * CFG.target_hidden_size
+CASES = {  # name: (TreeParams, context_window, attention windows); a covering subset of the grid
+    "M16-D4-k2-windows": (TreeParams(16, 4, 2), None, (16,)),
+    "M32-D12-k2-draft_window5": (TreeParams(32, 12, 2), 5, None),
+    "M8-D1-k4": (TreeParams(8, 1, 4), None, None),  # no expansion; 4 candidates < M: padding
+    "M4-D4-k1-min_path_prob": (TreeParams(4, 4, 1, min_path_prob=0.2), None, None),
+}
+CAP = C + max(scratch_size(p, CHUNK) for p, _, _ in CASES.values())
+
+
+def draft_state(tied: bool):
+    state = check_draft_state(random_draft_state(CFG, seed=5, std=0.35), CFG)
+    if tied:  # lm_head rows in identical pairs: every log-prob ties exactly with its twin's
+        head = state["lm_head.weight"].copy()
+        head[1::2] = head[0::2]
+        state = {**state, "lm_head.weight": head}
+    return state
+
+
+class Setup:
+    """One draft Cell driven two ways from the same state: the device step, then (cache restored) the host
+    path. Sharing the Cell keeps the compiled graphs few; the host path still starts from the state before
+    the device step, so the device's extend is checked against the host's (tree and cache bytes)."""
+
+    def __init__(self):
+        self.embed = np.random.default_rng(6).standard_normal((CFG.vocab_size, CFG.hidden_size)).astype(np.float32)
+        self.draft = Eagle3Draft(CFG, 1, CAP, TOP_K)
+        self.cache = self.draft.midlayer.self_attn.kv_cache
+        self.state_params = [self.cache.k_cache, self.cache.v_cache] + [
+            p for _, p in self.draft.root_pair.parameters_and_names()]
+        self.devices = {}
+        self.load(tied=False)
+
+    def load(self, tied):
+        load_draft_state(self.draft, draft_state(tied), embed=self.embed)
+
+    def drafters(self, case):
+        params, window, windows = CASES[case]
+        host = Eagle3Drafter(self.draft, params, C, CHUNK, window, attention_windows=windows)
+        if case not in self.devices:  # one DeviceTreeDrafter per case keeps its compiled graphs
+            self.devices[case] = DeviceTreeDrafter(
+                Eagle3Drafter(self.draft, params, C, CHUNK, window, expand_cell=host.expand_cell,
+                              attention_windows=windows))
+        return host, self.devices[case]
+
+    def snapshot(self):
+        return [p.asnumpy().copy() for p in self.state_params]
+
+    def restore(self, saved):
+        for param, value in zip(self.state_params, saved):
+            param.set_data(Tensor(value))
+
+    def pairs(self, start, stop):
+        """K and V of committed pairs [start, stop): [2, Hkv, n, head_dim] (slots X + start ..)."""
+        x = CAP - C
+        full = [p.asnumpy().reshape(self.cache.num_kv_heads, CAP, -1) for p in (self.cache.k_cache, self.cache.v_cache)]
+        return np.stack([f[:, x + start:x + stop] for f in full])
+
+
+@pytest.fixture(scope="module")
+def setup():
+    return Setup()
+
+
+def drive(setup, host, device, seed, events, prompt_len=13, check_reference=False, run_dir=None):
+    """begin, then per event one device step and (from the state before it) the host path, compared:
+    the trees, and the K/V the two extends committed. Events: A in -1..D (the previous verify accepted A
+    drafts; -1 = no step yet) or ("fallback", n) (n tokens of teacher-only steps, observed through the host
+    path, then A = -1). ``check_reference``: also the reference-mode check after each device step.
+    Returns the host trees."""
+    rng = np.random.default_rng(seed)
+    d, params = device.params.max_depth, device.params
+    prompt = rng.integers(0, CFG.vocab_size, prompt_len)
+    aux = rng.standard_normal((prompt_len, AUX)).astype(np.float32)
+    root = int(rng.integers(CFG.vocab_size))
+    host.begin(prompt, aux, root)
+    length, trees = host.length, []
+    for event in events:
+        rows = rng.standard_normal((1, d + 1, AUX)).astype(np.float32) * 3  # padding rows: finite, ignored
+        a = event if isinstance(event, int) else -1
+        if not isinstance(event, int):  # teacher-only steps: observed through the host path, then A = -1
+            tokens = rng.integers(0, CFG.vocab_size, event[1])
+            host.observe(np.concatenate([[root], tokens[:-1]]), rng.standard_normal((event[1], AUX)).astype(np.float32),
+                         int(tokens[-1]))
+            root, length = int(tokens[-1]), length + event[1]
+        tokens = rng.integers(0, CFG.vocab_size, a + 1)  # A drafts + the bonus (the next root)
+        result = no_step_result(d) if a < 0 else pack_result_numpy([(a, tokens, np.arange(a + 1))], d)
+        before = setup.snapshot()
+        tree = device.step(Tensor(result), Tensor(rows), length, a)
+        got = tree.to_host()
+        if check_reference:
+            check_device_tree(device.drafter, tree, run_dir)  # the reference-mode check, same cache
+        device_pairs = setup.pairs(0, C)
+        setup.restore(before)
+        if a >= 0:
+            host.observe(np.concatenate([[root], tokens[:-1]]), rows[0, :a + 1], int(tokens[-1]))
+            root = int(tokens[-1])
+        length += a + 1
+        assert tree.committed_len == host.length == device.drafter.length == length
+        np.testing.assert_allclose(device_pairs[:, :, :length], setup.pairs(0, length), rtol=0, atol=1e-6)
+        assert np.array_equal(device_pairs[:, :, length:], setup.pairs(length, C)), "wrote past the committed pairs"
+        assert all(getattr(got.tensors, f).dtype == np.int32 for f in INT_FIELDS)
+        check_invariants(got.tensors)
+        want = host_tree(host.propose(root), length, params.budget, d)
+        compare_trees(got, want, run_dir)
+        trees.append(want)
+    return trees
+
+
+INT_FIELDS = ("tokens", "parent", "depth", "ancestors", "position_ids", "cache_slots", "paths", "path_lengths")
+
+
+def events_for(max_depth):
+    """A = -1 (after begin), every A from Dmax down to 0, a fallback period, then A = -1 again."""
+    return [-1] + list(range(max_depth, -1, -1)) + [("fallback", 3), 1, -1]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_device_tree_equals_host_path(setup, case):
+    params, _, windows = CASES[case]
+    host, device = setup.drafters(case)
+    trees = drive(setup, host, device, seed=len(case), events=events_for(params.max_depth),
+                  check_reference=windows is not None)
+    if windows:
+        assert sorted(device.steps) == [16, C], "the steps did not cross the attention window 16"
+    if params.min_path_prob:
+        assert any(t.tensors.depth.max() < params.max_depth for t in trees), "min_path_prob never cut a tree"
+        assert any(t.tensors.depth.max() > 1 for t in trees), "min_path_prob cut every tree at depth 1"
+    for graph in device.steps.values():
+        assert len(graph.compile_cache) == 1, "a new call recompiled the tree step"
+
+
+def test_exact_log_prob_ties(setup):
+    """Duplicated lm_head rows: every draft log-prob ties exactly with its twin's, so siblings, frontier
+    candidates and rerank candidates tie; the device must break every tie as build_tree does."""
+    case = "M16-D4-k2-windows"
+    params = CASES[case][0]
+    setup.load(tied=True)
+    try:
+        host, device = setup.drafters(case)
+        trees = drive(setup, host, device, seed=77, events=events_for(params.max_depth))
+    finally:
+        setup.load(tied=False)
+    assert sum(sibling_ties(t) for t in trees) > len(trees), "the ties did not reach the trees"
+
+
+def sibling_ties(tree: HostTree) -> int:
+    """Pairs of sibling nodes with exactly equal scores."""
+    t = tree.tensors
+    nodes = np.flatnonzero(t.valid)[1:]
+    return sum(len(s) - len(set(s)) for s in
+               ([tree.scores[n] for n in nodes if t.parent[n] == p] for p in range(t.num_nodes)))
+
+
+def test_every_extend_keeps_the_root_pair_on_the_device(setup):
+    """Eagle3Drafter.begin / observe store the last pair's output in Eagle3Draft.root_pair (device), equal to
+    the copy the host path keeps."""
+    host, _ = setup.drafters("M8-D1-k4")
+    rng = np.random.default_rng(3)
+    host.begin(rng.integers(0, 64, 11), rng.standard_normal((11, AUX)).astype(np.float32), 9)
+    for step in range(2):
+        store = setup.draft.root_pair
+        assert int(store.token.asnumpy()[0]) == host.root_token
+        np.testing.assert_array_equal(store.logprob.asnumpy()[0], host._root.logprob)
+        np.testing.assert_array_equal(store.target_ids.asnumpy()[0], host._root.target_ids)
+        np.testing.assert_array_equal(store.hidden.asnumpy()[0], host._root.hidden)
+        host.observe(np.array([host.root_token, 4]), rng.standard_normal((2, AUX)).astype(np.float32), 20 + step)
+
+
+def test_mismatch_names_the_first_differing_field_and_dumps(setup, tmp_path):
+    host, device = setup.drafters("M8-D1-k4")
+    rng = np.random.default_rng(4)
+    host.begin(rng.integers(0, 64, 5), rng.standard_normal((5, AUX)).astype(np.float32), 2)
+    device.drafter.follow_device(host.length)
+    tree = device.step(no_step_result(1), np.zeros((1, 2, AUX), np.float32), host.length, -1)
+    got = check_device_tree(device.drafter, tree, str(tmp_path))  # equal: no error, no dump
+    assert not (tmp_path / "failures").exists()
+    parent = got.tensors.parent.copy()
+    parent[2] = 1  # a valid node re-parented
+    bad = HostTree(dataclasses_replace(got.tensors, parent=parent), got.scores)
+    with pytest.raises(DraftTreeMismatch, match=r"field 'parent' differs at \[2\]: device 1 host 0") as err:
+        compare_trees(bad, got, str(tmp_path))
+    dump = json.loads(open(err.value.dump_path).read())
+    assert dump["field"] == "parent" and dump["device"]["parent"][2] == 1 and dump["host"]["parent"][2] == 0
+    with pytest.raises(DraftTreeMismatch, match="field 'scores' differs by more than 1e-05 at \\[1\\]"):
+        compare_trees(HostTree(got.tensors, got.scores + np.eye(got.scores.size)[1] * 2e-5), got)
+    compare_trees(HostTree(got.tensors, got.scores + 5e-6), got)  # within float32 rounding of the sums
+
+
+def dataclasses_replace(obj, **changes):
+    import dataclasses
+    return dataclasses.replace(obj, **changes)
+
+
+def test_follow_device_hands_back_to_the_host(setup):
+    host, device = setup.drafters("M8-D1-k4")
+    host.follow_device(7)
+    assert host.length == 7 and host.root_token is None
+    with pytest.raises(RuntimeError, match="begin/observe missing"):
+        host.propose(3)
+    with pytest.raises(ValueError, match="device draft length 0"):
+        host.follow_device(0)
+
+
+def test_bad_input_names_the_value(setup):
+    host, device = setup.drafters("M8-D1-k4")
+    with pytest.raises(ValueError, match="accepted=2: must be in \\[-1, max_depth 1\\]"):
+        device.step(no_step_result(1), np.zeros((1, 2, AUX)), 5, 2)
+    with pytest.raises(ValueError, match=f"= {C + 1} pairs must be in \\[1, capacity {C}\\]"):
+        device.step(no_step_result(1), np.zeros((1, 2, AUX)), C - 1, 1)
+    with pytest.raises(ValueError, match="committed_len=0"):
+        device.step(no_step_result(1), np.zeros((1, 2, AUX)), 0, -1)
+    params = TreeParams(8, 4, 2)
+    with pytest.raises(ValueError, match="attention window 0"):
+        DraftTreeStep(setup.draft, params, None, C, 0)
+    with pytest.raises(ValueError, match="scratch slots"):
+        DraftTreeStep(setup.draft, TreeParams(8, 30, 2), None, C, C)
+    with pytest.raises(ValueError, match="speculative.top_k"):
+        DraftTreeStep(setup.draft, TreeParams(8, 4, TOP_K + 1), None, C, C)
+    with pytest.raises(ValueError, match="speculative.draft_window"):
+        DraftTreeStep(setup.draft, params, 0, C, C)
