@@ -25,7 +25,7 @@ def generate_json(*extra):
 
 @pytest.fixture(scope="module")
 def baseline():
-    return generate_json("--seed", "3")
+    return generate_json("--runtime-seed", "3")
 
 
 def test_generate_json_fields(baseline):
@@ -41,7 +41,7 @@ def test_generate_json_fields(baseline):
 
 
 def test_generate_deterministic_for_seed_and_speculative_identical(baseline):
-    spec = generate_json("--seed", "3", "--draft", "test", "--budget", "8", "--max-depth", "4",
+    spec = generate_json("--runtime-seed", "3", "--draft", "test", "--budget", "8", "--max-depth", "4",
                          "--mode", "reference")
     assert spec["tokens"] == baseline["tokens"]  # same seed -> same random teacher -> same greedy output
     assert spec["draft"] == "test" and spec["mode"] == "reference"
@@ -62,7 +62,7 @@ def test_prompt_longer_than_cache_is_a_clear_error():
 
 def test_fallback_flag_reaches_the_loop(baseline):
     # an unreachable bar: after the first speculative step every step of these 12 tokens is teacher-only
-    spec = generate_json("--seed", "3", "--draft", "test", "--budget", "8", "--max-depth", "4",
+    spec = generate_json("--runtime-seed", "3", "--draft", "test", "--budget", "8", "--max-depth", "4",
                          "--fallback-accept", "inf")
     assert spec["tokens"] == baseline["tokens"]
     assert all(a == 0 for a in spec["accepted_lengths"][1:])
