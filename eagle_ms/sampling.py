@@ -59,8 +59,8 @@ U_BITS = 23
 
 
 def mix32(x) -> np.ndarray:
-    """lowbias32 of uint32 words (wrapping arithmetic). Example: mix32(1) = 0x5ABD43A2 (tested)."""
-    x = np.asarray(x, dtype=np.uint32).copy()
+    """lowbias32 of uint32 words (wrapping arithmetic). Example: mix32(1) = 0x688990C0 (tested)."""
+    x = np.array(x, dtype=np.uint32)  # a copy
     x ^= x >> np.uint32(MIX_SHIFT[0])
     x *= np.uint32(MIX_MUL[0])
     x ^= x >> np.uint32(MIX_SHIFT[1])
@@ -69,13 +69,14 @@ def mix32(x) -> np.ndarray:
     return x
 
 
-def position_keys(seed: int, positions) -> np.ndarray:
-    """key(seed, p) = mix(mix(seed) ^ p) for positions [...] (ints >= 0) -> uint32 [...]."""
-    return mix32(mix32(np.uint32(seed)) ^ np.asarray(positions, dtype=np.uint32))
+def position_keys(seed, positions) -> np.ndarray:
+    """key(seed, p) = mix(mix(seed) ^ p): seed (an int, or ints broadcast with positions) and positions
+    [...] (ints >= 0) -> uint32 [...]."""
+    return mix32(mix32(np.asarray(seed, dtype=np.uint32)) ^ np.asarray(positions, dtype=np.uint32))
 
 
-def noise_words(seed: int, positions, vocab_size: int) -> np.ndarray:
-    """word(seed, p, v) for positions [...] -> uint32 [..., V]."""
+def noise_words(seed, positions, vocab_size: int) -> np.ndarray:
+    """word(seed, p, v) for positions [...] (seed an int or broadcast with them) -> uint32 [..., V]."""
     steps = np.arange(vocab_size, dtype=np.uint32) * np.uint32(WEYL)  # [V], wraps mod 2**32
     return mix32(position_keys(seed, positions)[..., None] + steps)
 
@@ -85,8 +86,8 @@ def uniforms(words: np.ndarray) -> np.ndarray:
     return ((words >> np.uint32(32 - U_BITS)).astype(np.float32) + np.float32(0.5)) * np.float32(2.0 ** -U_BITS)
 
 
-def gumbel(seed: int, positions, vocab_size: int) -> np.ndarray:
-    """Gumbel(0, 1) noise [..., V] float32 of the rows at ``positions`` [...]."""
+def gumbel(seed, positions, vocab_size: int) -> np.ndarray:
+    """Gumbel(0, 1) noise [..., V] float32 of the rows at ``positions`` [...] (seeds as noise_words)."""
     u = uniforms(noise_words(seed, positions, vocab_size))
     return -np.log(-np.log(u))
 
@@ -104,33 +105,40 @@ def kept_mask(z: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
         keep = z >= kth
     if top_p < 1.0:
         e = np.where(keep, np.exp(z - z.max(axis=-1, keepdims=True)), np.float32(0))  # [R, V] float32
-        ordered = -np.sort(-e, axis=-1)                                             # descending
+        ordered = np.sort(e, axis=-1)[:, ::-1]                                      # descending
         running = np.cumsum(ordered, axis=-1, dtype=np.float32)                     # sequential float32
         bound = np.float32(top_p) * running[..., -1:]
         j = np.minimum((running < bound).sum(axis=-1, keepdims=True), vocab - 1)     # [R, 1]
-        keep &= e >= np.take_along_axis(ordered, j, axis=-1)
+        keep &= e >= ordered[np.arange(ordered.shape[0])[:, None], j]
     return keep
 
 
-def sample_rows(logits: np.ndarray, positions, params: SamplingParams) -> np.ndarray:
+def sample_rows(logits: np.ndarray, positions, params: SamplingParams, seeds=None) -> np.ndarray:
     """The token drawn for each row: logits [R, V] (row r predicts the token at positions[r]) -> int32 [R].
 
     Greedy (temperature 0): argmax, first index on ties. Otherwise argmax over the kept set of
-    z + Gumbel noise keyed by (params.seed, position); rows at equal positions share their noise.
+    z + Gumbel noise keyed by (seed, position); rows with equal (seed, position) share their noise.
+    ``seeds`` [R]: row r's seed (independent runs decoded side by side); default params.seed for all.
     """
     logits = np.asarray(logits, dtype=np.float32)
     positions = np.asarray(positions, dtype=np.int64).reshape(-1)
-    if logits.ndim != 2 or positions.shape != logits.shape[:1]:
-        raise ValueError(f"sample_rows: logits [R, V] and positions [R] expected, got shapes {logits.shape} "
-                         f"and {positions.shape}")
+    seeds = np.full(positions.shape, params.seed, np.int64) if seeds is None else np.asarray(seeds, np.int64)
+    if logits.ndim != 2 or positions.shape != logits.shape[:1] or seeds.shape != positions.shape:
+        raise ValueError(f"sample_rows: logits [R, V], positions [R] and seeds [R] expected, got shapes "
+                         f"{logits.shape}, {positions.shape} and {seeds.shape}")
     if params.greedy:
         return logits.argmax(axis=-1).astype(np.int32)
-    if positions.size and (positions.min() < 0 or positions.max() >= 2 ** 31):
-        raise ValueError(f"sample_rows: positions must be in [0, 2**31), got {positions.min()}..{positions.max()}")
+    if positions.size and (positions.min() < 0 or positions.max() >= 2 ** 31 or seeds.min() < 0
+                           or seeds.max() >= 2 ** 32):
+        raise ValueError(f"sample_rows: positions must be in [0, 2**31) and seeds in [0, 2**32), got positions "
+                         f"{positions.min()}..{positions.max()}, seeds {seeds.min()}..{seeds.max()}")
     z = logits / np.float32(params.temperature)
     keep = kept_mask(z, params.top_k, params.top_p)
-    unique, inverse = np.unique(positions, return_inverse=True)
-    noise = gumbel(params.seed, unique, logits.shape[-1])[inverse]  # [R, V]
+    if positions.size == 1:  # the common decode step: no pairs to share
+        noise = gumbel(seeds, positions, logits.shape[-1])
+    else:
+        unique, inverse = np.unique((seeds << 31) | positions, return_inverse=True)  # one draw per (seed, p)
+        noise = gumbel(unique >> 31, unique & (2 ** 31 - 1), logits.shape[-1])[inverse]  # [R, V]
     scores = np.where(keep, z + noise, np.float32(-np.inf))
     return scores.argmax(axis=-1).astype(np.int32)
 

@@ -91,6 +91,15 @@ def test_decoding_flags_are_the_config_fields_they_set():
         assert cli_args.overrides(args) == {"speculative.budget": 8, "speculative.min_path_prob": 0.25,
                                             "speculative.draft_window": None, "speculative.mode": "reference"}
         assert cli_args.overrides(parser.parse_args([command, *extra])) == {}
+        sampled = parser.parse_args([command, *extra, "--temperature", "0.9", "--top-p", "0.8", "--sample-top-k",
+                                     "20", "--seed", "5", "--runtime-seed", "2", "--top-k", "3"])
+        assert cli_args.overrides(sampled) == {"generation.temperature": 0.9, "generation.top_p": 0.8,
+                                               "generation.top_k": 20, "generation.seed": 5, "runtime.seed": 2,
+                                               "speculative.top_k": 3}
+    regen = parser.parse_args(["regenerate", "--out", "o", "--temperature", "1.1", "--top-p", "0.7",
+                               "--sample-top-k", "4", "--seed", "9"])  # the sampling flags only
+    assert cli_args.overrides(regen) == {"generation.temperature": 1.1, "generation.top_p": 0.7,
+                                         "generation.top_k": 4, "generation.seed": 9}
 
 
 def test_default_config_outside_a_source_checkout_is_a_clear_error(tmp_path, monkeypatch):
