@@ -2,7 +2,10 @@
 the decoding flags, each declared once and derived from the config field it sets.
 
 A decoding flag ``--max-depth`` is the config key ``speculative.max_depth``: its name, destination and
-type come from the field of eagle_ms/config.py (choices from the config's own lists). A flag that is
+type come from the field of eagle_ms/config.py (choices from the config's own lists). Where two
+sections share a field name the flag is named explicitly: ``--sample-top-k`` is ``generation.top_k``
+(``--top-k`` is the tree's k), ``--seed`` is the sampling seed ``generation.seed`` (as in
+``eagle-ms regenerate``) and ``--runtime-seed`` is ``runtime.seed`` (random weights, test drafter). A flag that is
 not given leaves the config value alone (argparse ``SUPPRESS``), so ``--draft-window none`` can set the
 key back to null. ``--set section.key=value`` reaches every other key.
 """
@@ -36,6 +39,7 @@ class Flag:
     key: str  # "section.field"
     help: str
     nullable: bool = False  # the flag can set the key to null ('none')
+    name: str | None = None  # the option when it is not --<field> (a field name two sections share)
 
     @property
     def field(self) -> str:
@@ -43,13 +47,24 @@ class Flag:
 
     @property
     def option(self) -> str:
-        return "--" + self.field.replace("_", "-")
+        return self.name or "--" + self.field.replace("_", "-")
+
+    @property
+    def dest(self) -> str:
+        return self.option[2:].replace("-", "_")
 
 
 _SECTIONS = {"generation": GenerationConfig, "runtime": RuntimeConfig, "speculative": SpeculativeConfig}
+SAMPLING_FLAGS = (
+    Flag("generation.temperature", "0 = greedy; > 0 = position-keyed sampling"),
+    Flag("generation.top_k", "sampling: keep the k most likely tokens (0 = off)", name="--sample-top-k"),
+    Flag("generation.top_p", "sampling: keep the most likely tokens up to this mass (1 = off)"),
+    Flag("generation.seed", "sampling seed"),
+)
 DECODE_FLAGS = (
     Flag("generation.max_new_tokens", "new tokens per answer"),
-    Flag("runtime.seed", "seed of random weights (when no checkpoint) and of the test drafter"),
+    *SAMPLING_FLAGS,
+    Flag("runtime.seed", "seed of random weights (when no checkpoint) and of the test drafter", name="--runtime-seed"),
     Flag("speculative.draft", "draft model; none = teacher-only"),
     Flag("speculative.draft_path", "EAGLE-3 draft directory"),
     Flag("speculative.budget", "M: draft nodes per verify"),
@@ -86,11 +101,13 @@ def add_config_args(p: argparse.ArgumentParser) -> None:
                    help="override a config key, e.g. --set runtime.seq_length=1024 (repeatable)")
 
 
-def add_decode_flags(p: argparse.ArgumentParser, drafts: tuple[str, ...] = DRAFTS) -> None:
-    """Every flag of ``DECODE_FLAGS``; ``drafts`` narrows the ``--draft`` choices (bench needs a draft)."""
-    for flag in DECODE_FLAGS:
+def add_decode_flags(p: argparse.ArgumentParser, drafts: tuple[str, ...] = DRAFTS,
+                     flags: tuple[Flag, ...] = DECODE_FLAGS) -> None:
+    """Every flag of ``flags`` (default ``DECODE_FLAGS``; demo and regenerate take ``SAMPLING_FLAGS``);
+    ``drafts`` narrows the ``--draft`` choices (bench needs a draft)."""
+    for flag in flags:
         choices = drafts if flag.key == "speculative.draft" else _CHOICES.get(flag.key)
-        p.add_argument(flag.option, dest=flag.field, type=_argparse_type(flag), choices=choices,
+        p.add_argument(flag.option, dest=flag.dest, type=_argparse_type(flag), choices=choices,
                        default=argparse.SUPPRESS, help=f"{flag.help} ({flag.key})")
 
 
@@ -102,8 +119,8 @@ def overrides(args) -> dict:
     """Dotted overrides from ``--set`` and from the decoding flags that were given."""
     out = parse_overrides(args.set)
     for flag in DECODE_FLAGS:
-        if hasattr(args, flag.field):
-            value = getattr(args, flag.field)
+        if hasattr(args, flag.dest):
+            value = getattr(args, flag.dest)
             if value is not None or flag.nullable:
                 out[flag.key] = value
     return out

@@ -85,6 +85,45 @@ def check_draft_window(value: Any) -> None:
         check_int("speculative.draft_window", value, 1)
 
 
+SEED_LIMIT = 2 ** 32  # generation.seed is one uint32 word of the sampling hash (eagle_ms/sampling.py)
+MIN_TEMPERATURE = 1e-6  # below this (but > 0) logits / T can overflow float32: use 0 (greedy) instead
+
+
+def check_sampling(temperature: Any, top_k: Any, top_p: Any, seed: Any) -> None:
+    """generation.temperature (0 = greedy, else a finite number >= MIN_TEMPERATURE), top_k (an integer
+    >= 0, 0 = off), top_p (a number in (0, 1], 1 = off), seed (an integer in [0, 2**32))."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not (
+            temperature == 0 or MIN_TEMPERATURE <= temperature < float("inf")):
+        fail("generation.temperature", temperature, f"must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE}")
+    check_int("generation.top_k", top_k, 0)
+    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+        fail("generation.top_p", top_p, "must be a number in (0, 1]")
+    check_int("generation.seed", seed, 0)
+    if seed >= SEED_LIMIT:
+        fail("generation.seed", seed, f"must be < 2**32 = {SEED_LIMIT}")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """The token choice of one generation: greedy (temperature 0) or position-keyed sampling after
+    temperature, then top-k, then top-p (the rule: eagle_ms/sampling.py)."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # keep the k most likely tokens (ties with the k-th kept too); 0 = off
+    top_p: float = 1.0  # keep the most likely tokens up to mass top_p (ties kept too); 1 = off
+    seed: int = 0
+
+    def __post_init__(self):
+        check_sampling(self.temperature, self.top_k, self.top_p, self.seed)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+GREEDY = SamplingParams()
+
+
 def build_section(cls, data: Mapping[str, Any] | None, prefix: str):
     """Build dataclass ``cls`` from ``data``; unknown keys raise naming ``prefix.key``."""
     if data is not None and not isinstance(data, Mapping):
@@ -220,15 +259,24 @@ class RuntimeConfig:
 
 @dataclass(frozen=True)
 class GenerationConfig:
-    """Decoding limits (greedy)."""
+    """Decoding limits and the token choice (temperature 0 = greedy)."""
 
     max_new_tokens: int = 64
     stop_on_eos: bool = True
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
 
     def __post_init__(self):
         check_int("generation.max_new_tokens", self.max_new_tokens, 1)
         if not isinstance(self.stop_on_eos, bool):
             fail("generation.stop_on_eos", self.stop_on_eos, "must be true or false")
+        check_sampling(self.temperature, self.top_k, self.top_p, self.seed)
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,13 @@
-"""``python -m eagle_ms.demo`` (``bash scripts/demo.sh``): teacher-only vs EAGLE-3 speculative greedy decoding.
+"""``python -m eagle_ms.demo`` (``bash scripts/demo.sh``): teacher-only vs EAGLE-3 speculative decoding.
 
 Runs the shipped demo pair (``configs/demo.yaml``: the small Pangu-architecture teacher and its EAGLE-3
 draft under ``eagle_ms/assets/demo``) on the first user turn of a few MT-Bench and HumanEval questions:
 ``<data-dir>/{mt_bench,humaneval}/question.jsonl``, by default ``../shared/data`` beside the repository
 when present, else the bundled sample ``eagle_ms/assets/demo/sample``. For every prompt it prints the
 answer, tokens/s of both runs, tau (mean tokens per verify step) and the speedup, and checks that the
-speculative output is token-for-token the teacher-only output (exit status 1 if any differs).
+speculative output is token-for-token the teacher-only output (exit status 1 if any differs): greedy
+by default; with ``--temperature T`` (and ``--top-p``, ``--sample-top-k``, ``--seed``) both runs sample
+with the same position-keyed seed, so they must still agree token for token.
 
 Timing: graphs are compiled first (``Session.warm_up`` plus one untimed pair of short runs); each prompt's
 two runs are then timed back to back, so the ratio is measured side by side.
@@ -16,7 +18,7 @@ import argparse
 import os
 import sys
 
-from eagle_ms.cli_args import add_config_args, config_path
+from eagle_ms.cli_args import SAMPLING_FLAGS, add_config_args, add_decode_flags, config_path, overrides
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_DATA = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data")
@@ -43,18 +45,18 @@ def main(argv: list[str] | None = None) -> int:
                         f"else {SAMPLE_DATA})")
     parser.add_argument("--per-dataset", type=int, default=2, help="questions from each of MT-Bench and HumanEval")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="default: generation.max_new_tokens")
+    add_decode_flags(parser, flags=SAMPLING_FLAGS)
     args = parser.parse_args(argv)
 
     from eagle_ms.bench.runner import build_prompt
     from eagle_ms.config import load_config
-    from eagle_ms.config_yaml import parse_overrides
     from eagle_ms.runtime import setup_context
     from eagle_ms.session import Session
 
-    overrides = {"speculative.draft": "eagle3", **parse_overrides(args.set)}
+    changes = {"speculative.draft": "eagle3", **overrides(args)}
     if args.max_new_tokens is not None:
-        overrides["generation.max_new_tokens"] = args.max_new_tokens
-    cfg = load_config(config_path(args), overrides)
+        changes["generation.max_new_tokens"] = args.max_new_tokens
+    cfg = load_config(config_path(args), changes)
     if cfg.checkpoint is None:
         raise SystemExit(f"{config_path(args)}: model.checkpoint is null; the demo needs trained weights "
                          "(configs/demo.yaml ships them)")
@@ -62,10 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     questions = pick_questions(data_dir, args.per_dataset)
     setup_context(cfg)
     session = Session(cfg)
-    spec = cfg.speculative
+    spec, gen = cfg.speculative, cfg.generation
+    choice = "greedy" if gen.sampling.greedy else (f"sampling T={gen.temperature} top-p {gen.top_p} "
+                                                    f"top-k {gen.top_k} seed {gen.seed}")
     print(f"teacher {cfg.checkpoint}\ndraft   {spec.draft_path}\nprompts {data_dir} ({len(questions)} questions, "
-          f"first turn)\nbudget M={spec.budget} nodes, depth {spec.max_depth}, top-k {spec.top_k}; "
-          f"max {cfg.generation.max_new_tokens} new tokens; compiling...", flush=True)
+          f"first turn)\nbudget M={spec.budget} nodes, depth {spec.max_depth}, top-k {spec.top_k}; {choice}; "
+          f"max {gen.max_new_tokens} new tokens; compiling...", flush=True)
     first = build_prompt(session, questions[0], 1, [])
     session.warm_up()
     session.untimed_pair(first, session.make_drafter(first), tokens=16)

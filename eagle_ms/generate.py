@@ -8,9 +8,12 @@ is the last chosen token, not yet in the cache. A step
   1. asks the drafter for a DraftTree rooted at ``root`` (or uses the empty tree),
   2. tensorises it at committed length L (fixed N = budget + 1),
   3. verifies all N nodes in one teacher forward (slots [L, L+N), prefix untouched),
-  4. greedily accepts the longest matching root-to-leaf path plus one bonus token,
+  4. accepts the longest matching root-to-leaf path plus one bonus token: matching the teacher's argmax
+     (temperature 0) or its position-keyed sample at every node (sample-and-match, eagle_ms/verify.py),
   5. commits the accepted nodes' K/V to [L, L+A+1) and emits the A drafts + the bonus token.
-Stops: EOS (emitted, then stop), ``max_new_tokens``, or KV capacity. Near capacity the loop falls back to
+The token at absolute position p is the teacher's choice for p (argmax, or the sample keyed by
+(seed, p): eagle_ms/sampling.py) whatever the tree, so teacher-only and speculative output agree token
+for token at every temperature. Stops: EOS (emitted, then stop), ``max_new_tokens``, or KV capacity. Near capacity the loop falls back to
 N = 1 steps so speculative output stops exactly where teacher-only output would.
 
 Low-acceptance fallback (``fallback_accept`` > 0, eagle_ms/fallback.py): while the moving average of
@@ -26,13 +29,15 @@ from typing import Callable, Protocol
 
 import numpy as np
 
+from eagle_ms.config import GREEDY, SamplingParams
 from eagle_ms.fallback import SpeculationGate
 from eagle_ms.metrics import tau
+from eagle_ms.sampling import sample_rows
 from eagle_ms.teacher import TeacherOutput, TeacherRunner
 from eagle_ms.trace import write_failure_dump
 from eagle_ms.tree import DraftTree, TreeInvariantError, TreeTensors, tensorize, verify_attention_mask
 from eagle_ms.tree_checks import check_invariants
-from eagle_ms.verify import AcceptResult, greedy_accept
+from eagle_ms.verify import AcceptResult, greedy_accept, sample_accept, tree_samples
 
 STAGES = ("prefill", "draft_prefill", "draft", "tensorize", "mask", "verify", "accept", "commit", "observe")
 
@@ -53,7 +58,7 @@ class Drafter(Protocol):
 
 @dataclass(frozen=True)
 class DecodeSettings:
-    """Budget (M), depth bound (Dmax), limits and checks of one generation."""
+    """Budget (M), depth bound (Dmax), token choice, limits and checks of one generation."""
 
     budget: int = 0
     max_depth: int = 1
@@ -64,6 +69,7 @@ class DecodeSettings:
     on_step: Callable[["StepRecord"], None] | None = None  # called after every verify step (traces)
     fallback_accept: float = 0.0  # teacher-only steps while the accept_L average is below this (0 = never)
     fallback_steps: int = 16  # teacher-only steps per fallback period
+    sampling: SamplingParams = GREEDY  # temperature 0 = greedy; else position-keyed sampling
 
 
 @dataclass
@@ -171,18 +177,25 @@ def _speculative_step(runner: TeacherRunner, drafter: Drafter | None, root: int,
     clock.lap("mask")
     out = runner.verify(tensors, allowed)
     clock.lap("verify")
-    result = greedy_accept(tensors, out.argmax)
+    if settings.sampling.greedy:
+        result = greedy_accept(tensors, out.argmax)
+    else:
+        result = sample_accept(tensors, tree_samples(tensors, out.logits, settings.sampling))
     clock.lap("accept")
     return result, tensors, out, clock
 
 
 def generate(runner: TeacherRunner, prompt_ids, settings: DecodeSettings,
              drafter: Drafter | None = None) -> GenerationResult:
-    """Greedy generation; speculative when ``drafter`` is given, teacher-only otherwise."""
+    """Greedy or sampled generation (``settings.sampling``); speculative when ``drafter`` is given,
+    teacher-only otherwise. The first token is chosen from the last prompt row, at position P."""
     t0 = time.perf_counter()
     prompt_ids = np.asarray(prompt_ids, dtype=np.int32)
     pre = runner.prefill(prompt_ids)
-    root = int(pre.argmax[-1])
+    if settings.sampling.greedy:
+        root = int(pre.argmax[-1])
+    else:
+        root = int(sample_rows(pre.logits[-1:], [prompt_ids.size], settings.sampling)[0])
     prefill_s = time.perf_counter() - t0
     if drafter is not None:
         drafter.begin(prompt_ids, pre.aux, root)

@@ -69,7 +69,8 @@ def build_runner(cfg: EagleMsConfig):
 
 def decode_settings(cfg: EagleMsConfig, run_dir: str | None = None) -> DecodeSettings:
     """The settings of one generation. ``budget`` matters only when a drafter is given to ``generate``
-    (without one the tree is the root alone), so teacher-only and speculative runs share them."""
+    (without one the tree is the root alone), so teacher-only and speculative runs share them, the
+    sampling parameters (and seed) included."""
     spec = cfg.speculative
     return DecodeSettings(
         budget=spec.budget,
@@ -80,6 +81,7 @@ def decode_settings(cfg: EagleMsConfig, run_dir: str | None = None) -> DecodeSet
         run_dir=run_dir,
         fallback_accept=spec.fallback_accept,
         fallback_steps=spec.fallback_steps,
+        sampling=cfg.generation.sampling,
     )
 
 

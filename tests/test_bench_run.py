@@ -255,6 +255,23 @@ def test_two_msrun_workers_match_one_process(smoke, data_dir, tmp_path):
     assert [t["n_tokens"] for t in merged["per_turn"]] == [t["n_tokens"] for t in single["per_turn"]]
 
 
+def test_sampled_bench_compares_seeded_runs(smoke, data_dir, tmp_path):
+    """At T > 0 both runs of a turn sample with the same seed: every turn exact, the answers differ from
+    the greedy run's, and the manifest and summary name the sampling."""
+    out = str(tmp_path / "sampled")
+    sampled = ["--temperature", "1.0", "--top-p", "0.9", "--sample-top-k", "30", "--seed", "3"]
+    one = ["--datasets", "mt_bench", "--limit", "1"]  # both turns of question 81 (turn 2 after the sampled answer)
+    assert main(["bench", *_bench_args(data_dir, out, *sampled, *one), "--strict", "--no-progress"]) == 0
+    summary = trace.read_json(os.path.join(out, "summary.json"))
+    assert summary["exactness"]["identical"] == summary["turns"]["ok"] == 2
+    run = trace.read_json(os.path.join(out, "manifest.json"))["run"]
+    assert (run["temperature"], run["top_p"], run["top_k_sample"], run["seed"]) == (1.0, 0.9, 30, 3)
+    assert "sampled T=1.0 top_k=30 top_p=0.9 seed=3" in open(os.path.join(out, "summary.md")).read()
+    greedy = {h["key"]: h["baseline"]["tokens"] for h, _ in trace.read_traces(smoke)}
+    mine = {h["key"]: h["baseline"]["tokens"] for h, _ in trace.read_traces(out)}
+    assert sorted(mine) == ["mt_bench-81-1", "mt_bench-81-2"] and mine["mt_bench-81-1"] != greedy["mt_bench-81-1"]
+
+
 def test_sweep_cli_two_budgets(data_dir, tmp_path):
     out = str(tmp_path / "sweep")
     args = ["sweep", "--config", TINY, "--data-dir", data_dir, "--datasets", "humaneval", "--limit", "1",

@@ -25,7 +25,7 @@ def generate_json(*extra):
 
 @pytest.fixture(scope="module")
 def baseline():
-    return generate_json("--seed", "3")
+    return generate_json("--runtime-seed", "3")
 
 
 def test_generate_json_fields(baseline):
@@ -41,7 +41,7 @@ def test_generate_json_fields(baseline):
 
 
 def test_generate_deterministic_for_seed_and_speculative_identical(baseline):
-    spec = generate_json("--seed", "3", "--draft", "test", "--budget", "8", "--max-depth", "4",
+    spec = generate_json("--runtime-seed", "3", "--draft", "test", "--budget", "8", "--max-depth", "4",
                          "--mode", "reference")
     assert spec["tokens"] == baseline["tokens"]  # same seed -> same random teacher -> same greedy output
     assert spec["draft"] == "test" and spec["mode"] == "reference"
@@ -62,7 +62,7 @@ def test_prompt_longer_than_cache_is_a_clear_error():
 
 def test_fallback_flag_reaches_the_loop(baseline):
     # an unreachable bar: after the first speculative step every step of these 12 tokens is teacher-only
-    spec = generate_json("--seed", "3", "--draft", "test", "--budget", "8", "--max-depth", "4",
+    spec = generate_json("--runtime-seed", "3", "--draft", "test", "--budget", "8", "--max-depth", "4",
                          "--fallback-accept", "inf")
     assert spec["tokens"] == baseline["tokens"]
     assert all(a == 0 for a in spec["accepted_lengths"][1:])
@@ -91,6 +91,15 @@ def test_decoding_flags_are_the_config_fields_they_set():
         assert cli_args.overrides(args) == {"speculative.budget": 8, "speculative.min_path_prob": 0.25,
                                             "speculative.draft_window": None, "speculative.mode": "reference"}
         assert cli_args.overrides(parser.parse_args([command, *extra])) == {}
+        sampled = parser.parse_args([command, *extra, "--temperature", "0.9", "--top-p", "0.8", "--sample-top-k",
+                                     "20", "--seed", "5", "--runtime-seed", "2", "--top-k", "3"])
+        assert cli_args.overrides(sampled) == {"generation.temperature": 0.9, "generation.top_p": 0.8,
+                                               "generation.top_k": 20, "generation.seed": 5, "runtime.seed": 2,
+                                               "speculative.top_k": 3}
+    regen = parser.parse_args(["regenerate", "--out", "o", "--temperature", "1.1", "--top-p", "0.7",
+                               "--sample-top-k", "4", "--seed", "9"])  # the sampling flags only
+    assert cli_args.overrides(regen) == {"generation.temperature": 1.1, "generation.top_p": 0.7,
+                                         "generation.top_k": 4, "generation.seed": 9}
 
 
 def test_default_config_outside_a_source_checkout_is_a_clear_error(tmp_path, monkeypatch):

@@ -1,6 +1,7 @@
 """The shipped demo pair (eagle_ms/assets/demo, configs/demo.yaml): it loads, its greedy output agrees with
-an independent NumPy fp64 forward and is identical with and without the draft, and the shipped draft's
-acceptance on held-out ShareGPT prompts is far above a random-weight draft's (computed here, same budget).
+an independent NumPy fp64 forward and is identical with and without the draft, its seeded sampled output
+too (T 0.7 and 1.0, top-p / top-k), and the shipped draft's acceptance on held-out ShareGPT prompts is far
+above a random-weight draft's (computed here, same budget).
 
 Held-out prompts: ShareGPT conversations with index i % 50 == 49 (held out from the teacher's training,
 MODEL_CARD.md) at i >= 10000 (of 17 545), far past the conversations the draft was trained on (--limit in the card).
@@ -13,7 +14,7 @@ import pytest
 
 from conftest import REPO
 from eagle_ms.assets import DEMO_DIR
-from eagle_ms.config import load_config
+from eagle_ms.config import SamplingParams, load_config
 from eagle_ms.draft_weights import load_draft_checkpoint, random_draft_state
 from eagle_ms.runtime import eagle3_drafter_from_state
 from eagle_ms.session import Session
@@ -102,6 +103,32 @@ def test_fixed_prompt_identical_with_and_without_draft(session):
     assert len(session.tokenizer.decode(base.tokens).split()) >= 5  # real words, not byte noise
 
 
+@pytest.mark.parametrize("params", [SamplingParams(0.7, 0, 1.0, 1), SamplingParams(1.0, 0, 0.9, 2),
+                                    SamplingParams(1.0, 50, 1.0, 3)])
+def test_seeded_sampling_identical_with_and_without_draft(session, params):
+    """Position-keyed sampling: the speculative run reproduces the teacher-only run of the same seed, and
+    draft tokens are accepted at T > 0 (the demo teacher is flat, perplexity ~120: tau is lower than greedy)."""
+    accepted = []
+    for text in ("Write a Python function that returns the n-th Fibonacci number.",
+                 "Give three tips for staying healthy."):
+        ids = _chat(session, text)
+        base = session.run(ids, sampling=params)
+        ea = session.run(ids, session.make_drafter(ids), sampling=params)
+        assert ea.tokens == base.tokens, (params, text)
+        assert base.tokens != _greedy(session, text)  # sampled, not the greedy answer
+        accepted += ea.accepted_lengths
+    assert max(accepted) >= 2, accepted
+
+
+_GREEDY: dict[str, list[int]] = {}
+
+
+def _greedy(session, text: str) -> list[int]:
+    if text not in _GREEDY:
+        _GREEDY[text] = session.run(_chat(session, text)).tokens
+    return _GREEDY[text]
+
+
 def test_shipped_draft_acceptance_far_above_random_draft(session):
     spec = session.cfg.speculative
     draft_cfg, shipped_state = load_draft_checkpoint(spec.draft_path, session.cfg.model)
@@ -130,3 +157,5 @@ def test_demo_entry_point_on_the_bundled_sample(capsys):
     out = capsys.readouterr().out
     assert out.count("output identical") == 2 and "### mt_bench 81" in out and "### humaneval 0" in out
     assert "outputs all identical to teacher-only" in out
+    with pytest.raises(ValueError, match="config key 'generation.top_p' = 1.5"):  # the sampling flags reach the config
+        main(["--data-dir", SAMPLE_DATA, "--temperature", "0.8", "--top-p", "1.5", "--seed", "4"])

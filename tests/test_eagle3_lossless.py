@@ -140,7 +140,7 @@ def test_cli_generate_eagle3(tmp_path, capsys):
     cfg = default_draft_config(teacher, draft_vocab_size=40)
     save_draft_checkpoint(random_draft_state(cfg, 4, std=0.3), cfg, str(tmp_path / "draft"))
     common = ["generate", "--config", str(tmp_path / "tiny.yaml"), "--prompt-ids", "5,6,7,8,9,10,11",
-              "--max-new-tokens", "16", "--json", "--seed", "2", "--set", "generation.stop_on_eos=false", "--no-warmup"]
+              "--max-new-tokens", "16", "--json", "--runtime-seed", "2", "--set", "generation.stop_on_eos=false", "--no-warmup"]
 
     def run(*extra):
         assert main(common + list(extra)) == 0

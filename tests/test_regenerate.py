@@ -15,7 +15,7 @@ import pytest
 from conftest import REPO
 from helpers_locks import held_elsewhere
 from eagle_ms.locks import OutputInUseError
-from eagle_ms.config import ModelConfig, config_from_dict
+from eagle_ms.config import ModelConfig, SamplingParams, config_from_dict
 from eagle_ms.generate import DecodeSettings, generate
 from eagle_ms.models.pangu import PanguForCausalLM
 from eagle_ms.teacher import TeacherRunner
@@ -155,8 +155,8 @@ def test_jsonl_partial_last_line_is_cut_and_complete_records_kept(tmp_path):
 class _Fixed:
     """A one-turn session with a given prompt (for decoder-level tests)."""
 
-    def __init__(self, prompt, rng=None):
-        self.prompt, self.rng, self.answer, self.stop = prompt, rng, None, None
+    def __init__(self, prompt, sample_seed=None):
+        self.prompt, self.sample_seed, self.answer, self.stop = prompt, sample_seed, None, None
 
     def next_prompt(self):
         return None if self.answer is not None else self.prompt
@@ -171,9 +171,9 @@ def _prompts():
     return [rng.integers(5, 8000, n).astype(np.int32) for n in lengths]
 
 
-def _batch1_greedy(model, prompt, max_new):
+def _batch1_generate(model, prompt, max_new, sampling=SamplingParams()):
     runner = TeacherRunner(model, CHUNK, 2)
-    return generate(runner, prompt, DecodeSettings(max_new_tokens=max_new, eos_token_id=EOS))
+    return generate(runner, prompt, DecodeSettings(max_new_tokens=max_new, eos_token_id=EOS, sampling=sampling))
 
 
 @pytest.mark.parametrize("refill_min", [1, 2, 3])
@@ -185,7 +185,7 @@ def test_batched_greedy_equals_batch1_generate(models, refill_min):
     stats = decoder.run(iter(sessions), finished.append)
     assert finished and len(finished) == len(prompts)  # continuous batching: 7 prompts through 3 rows
     for s in sessions:
-        ref = _batch1_greedy(models["single"], s.prompt, max_new)
+        ref = _batch1_generate(models["single"], s.prompt, max_new)
         assert s.answer == ref.tokens, f"prompt of {s.prompt.size} tokens"
         assert s.stop == ref.stop_reason
     assert stats.generated_tokens == sum(len(s.answer) for s in sessions)
@@ -209,15 +209,21 @@ def test_grouped_refills_need_fewer_prefill_calls(models):
         BatchDecoder(models["batched"], CHUNK, 12, set(), refill_min=4)
 
 
-def test_sampled_decoding_does_not_depend_on_the_batch(models):
+def test_sampled_decoding_does_not_depend_on_the_batch_and_equals_generate(models):
+    """Each session samples with its own seed (positions key the draws): batched == batch-1 decoder ==
+    ``generate`` with that seed, and differs from greedy."""
     prompts = _prompts()[:4]
+    params = SamplingParams(temperature=0.8, top_k=50, top_p=0.95, seed=0)  # seed replaced per session
     out = {}
     for name in ("batched", "single"):
-        sessions = [_Fixed(p, np.random.default_rng([3, i])) for i, p in enumerate(prompts)]
-        BatchDecoder(models[name], CHUNK, 10, {EOS}, temperature=0.8).run(iter(sessions), lambda s: None)
+        sessions = [_Fixed(p, sample_seed=300 + i) for i, p in enumerate(prompts)]
+        BatchDecoder(models[name], CHUNK, 10, {EOS}, params).run(iter(sessions), lambda s: None)
         out[name] = [s.answer for s in sessions]
     assert out["batched"] == out["single"]
-    greedy = [_batch1_greedy(models["single"], p, 10).tokens for p in prompts]
+    for i, p in enumerate(prompts):
+        sampled = SamplingParams(temperature=0.8, top_k=50, top_p=0.95, seed=300 + i)
+        assert out["batched"][i] == _batch1_generate(models["single"], p, 10, sampled).tokens
+    greedy = [_batch1_generate(models["single"], p, 10).tokens for p in prompts]
     assert out["batched"] != greedy
 
 
@@ -259,7 +265,7 @@ def test_regenerate_multi_turn_resume_and_repair(tmp_path, models):
     assert two["ids"][t0["prompt_len"]:t0["prompt_len"] + len(t0["answer_ids"])] == t0["answer_ids"]
     assert t1["prompt_len"] > t0["prompt_len"] + len(t0["answer_ids"])
     for turn in two["turns"]:  # each turn == batch-1 generate of that turn's prompt
-        ref_turn = _batch1_greedy(models["single"], np.array(two["ids"][:turn["prompt_len"]]), 6)
+        ref_turn = _batch1_generate(models["single"], np.array(two["ids"][:turn["prompt_len"]]), 6)
         assert turn["answer_ids"] == ref_turn.tokens
     # killed after 2 records, with a partial third line
     part = str(tmp_path / "part.jsonl")
@@ -273,7 +279,37 @@ def test_regenerate_multi_turn_resume_and_repair(tmp_path, models):
     s3 = run_regenerate(cfg, RegenOptions(out=part, data=data), model=models["batched"], log=logs.append)
     assert (s3.written, s3.skipped_done) == (0, 5)
     with pytest.raises(ValueError, match="temperature"):
-        run_regenerate(cfg, RegenOptions(out=part, data=data, temperature=0.7), model=models["batched"])
+        run_regenerate(cfg.replace("generation", temperature=0.7), RegenOptions(out=part, data=data),
+                       model=models["batched"])
+
+
+def test_sampled_regeneration_records_its_seed_and_equals_generate(tmp_path, models):
+    """Sampled regeneration (generation.temperature/top_k/top_p/seed): every conversation's seed is
+    stream_seed(seed, crc32(id)), recorded; each turn's answer is ``generate`` with that seed; the
+    sidecar records the sampling, so the same file cannot be resumed greedily."""
+    import zlib
+
+    from eagle_ms.sampling import stream_seed
+
+    data, out = str(tmp_path / "data.jsonl"), str(tmp_path / "sampled.jsonl")
+    _write_data(data, 3)
+    cfg = _cfg().replace("generation", temperature=1.2, top_k=40, top_p=0.9, seed=11)
+    run_regenerate(cfg, RegenOptions(out=out, data=data), model=models["batched"], log=lambda m: None)
+    records = _records(out)
+    greedy = str(tmp_path / "greedy.jsonl")
+    run_regenerate(_cfg(), RegenOptions(out=greedy, data=data), model=models["batched"], log=lambda m: None)
+    assert [r["turns"] for r in records.values()] != [r["turns"] for r in _records(greedy).values()]
+    assert all(r["sample_seed"] is None for r in _records(greedy).values())
+    for rid, rec in records.items():
+        assert rec["sample_seed"] == stream_seed(11, zlib.crc32(rid.encode()))
+        for turn in rec["turns"]:
+            params = SamplingParams(1.2, 40, 0.9, rec["sample_seed"])
+            ref = _batch1_generate(models["single"], np.array(rec["ids"][:turn["prompt_len"]]), 6, params)
+            assert turn["answer_ids"] == ref.tokens
+    meta = json.load(open(out + ".meta.json"))
+    assert meta["temperature"] == 1.2 and meta["seed"] == 11 and meta["sampling"]["top_p"] == 0.9
+    with pytest.raises(ValueError, match="sampling"):
+        run_regenerate(cfg.replace("generation", top_p=0.8), RegenOptions(out=out, data=data), model=models["batched"])
 
 
 # ------------------------------------------------------------------------------ one writer, OS errors

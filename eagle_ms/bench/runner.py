@@ -1,4 +1,8 @@
-"""``eagle-ms bench``: per turn, teacher-only greedy and speculative decoding of the same prompt.
+"""``eagle-ms bench``: per turn, teacher-only and speculative decoding of the same prompt.
+
+Both runs use the config's token choice: greedy, or position-keyed sampling with the same seed
+(``generation.temperature`` > 0, eagle_ms/sampling.py), so at every temperature the exactness column
+compares the speculative tokens with the teacher-only tokens of the same seed and must be all identical.
 
 Protocol (one process, or one rank of many):
   0. take this rank's lock on the run directory (eagle_ms/locks.py), held to the end: a second writer
@@ -100,7 +104,8 @@ def build_manifest(cfg, session_mode: str, opts: BenchOptions, turns: list[TurnS
         "run": {"draft": spec.draft, "budget": spec.budget, "max_depth": spec.max_depth, "top_k": spec.top_k,
                 "draft_window": spec.draft_window, "min_path_prob": spec.min_path_prob,
                 "fallback_accept": spec.fallback_accept, "fallback_steps": spec.fallback_steps,
-                "max_new_tokens": cfg.generation.max_new_tokens,
+                "max_new_tokens": cfg.generation.max_new_tokens, "temperature": cfg.generation.temperature,
+                "top_k_sample": cfg.generation.top_k, "top_p": cfg.generation.top_p, "seed": cfg.generation.seed,
                 "datasets": list(opts.datasets), "limit": opts.limit, "config_file": cfg.source,
                 "checkpoint": cfg.checkpoint, "draft_path": spec.draft_path},
         "world_size": opts.world_size,

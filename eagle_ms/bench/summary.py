@@ -165,6 +165,14 @@ def _md_stages(stages: dict) -> list[str]:
     return md_table(["stage", "unit", "mean ms", "p99 ms", "p99/mean", "n"], rows)
 
 
+def _choice(run: dict) -> str:
+    """The token choice of a run: greedy, or the sampling parameters (runs before sampling: greedy)."""
+    if not run.get("temperature"):
+        return "greedy"
+    return (f"sampled T={run['temperature']} top_k={run.get('top_k_sample')} top_p={run.get('top_p')} "
+            f"seed={run.get('seed')} (teacher-only sampled with the same seed)")
+
+
 def render_markdown(s: dict) -> str:
     run, turns = s["run"], s["turns"]
     lines = ["# Benchmark summary", ""]
@@ -172,7 +180,7 @@ def render_markdown(s: dict) -> str:
         lines += ["Command:", "", "```", run["command"], "```", ""]
     lines += [f"draft `{run.get('draft')}`, mode `{run.get('mode')}`, M={run.get('budget')}, "
               f"Dmax={run.get('max_depth')}, top_k={run.get('top_k')}, draft_window={run.get('draft_window')}, "
-              f"max_new_tokens={run.get('max_new_tokens')}, datasets {run.get('datasets')}, "
+              f"max_new_tokens={run.get('max_new_tokens')}, {_choice(run)}, datasets {run.get('datasets')}, "
               f"world_size {run.get('world_size')}, git {str(run.get('git_commit'))[:12]}"
               f"{' (dirty)' if run.get('git_dirty') else ''}" + (", PROFILE RUN (not for headline numbers)"
                                                                    if run.get("profile") else ""), "",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sys
 
-from eagle_ms.cli_args import add_config_args, config_path, overrides
+from eagle_ms.cli_args import SAMPLING_FLAGS, add_config_args, add_decode_flags, config_path, overrides
 
 
 def _log(message: str) -> None:
@@ -23,8 +23,7 @@ def cmd_regenerate(args) -> int:
     cfg = load_config(config_path(args), overrides(args))
     setup_context(cfg)
     opts = RegenOptions(out=args.out, data=args.data, limit=args.limit, batch_size=args.batch_size,
-                        temperature=args.temperature, seed=args.sample_seed, max_turns=args.max_turns,
-                        max_prompt_tokens=args.max_prompt_tokens)
+                        max_turns=args.max_turns, max_prompt_tokens=args.max_prompt_tokens)
     print(json.dumps(summary_dict(run_regenerate(cfg, opts, log=_log)), ensure_ascii=False))
     return 0
 
@@ -110,8 +109,7 @@ def add_parsers(sub) -> None:
     r.add_argument("--limit", type=int, help="use the first N conversations of the data")
     r.add_argument("--max-new-tokens", type=int, dest="max_new_tokens", help="per answer")
     r.add_argument("--batch-size", type=int, help="rows decoded together (default: runtime.batch_size)")
-    r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default), > 0 = sampled")
-    r.add_argument("--seed", type=int, default=0, dest="sample_seed", help="sampling seed (with --temperature)")
+    add_decode_flags(r, flags=SAMPLING_FLAGS)  # --temperature --sample-top-k --top-p --seed (generation.*)
     r.add_argument("--max-turns", type=int, help="answer at most N user turns per conversation (default: all)")
     r.add_argument("--max-prompt-tokens", type=int, help="end a conversation at the first turn whose prompt is "
                    "longer (default: only the KV-cache limit); long multi-turn prompts dominate regeneration time")

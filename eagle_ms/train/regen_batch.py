@@ -32,11 +32,13 @@ in both prefill calls: slots 12..15, mask row i = {12 + i}. Then one decode call
 token at slot 6, row 1 its root at slot 9.
 
 Greedy choice is ``argmax`` of the fp32 logits (first index on ties), as in ``eagle_ms.generate``;
-with ``temperature > 0`` a token is drawn from softmax(logits / T) with the session's own RNG, so the
-result does not depend on which rows share a batch.
+with ``temperature > 0`` the token at position L is ``eagle_ms.sampling.sample_rows`` keyed by (the
+session's ``sample_seed``, L), exactly as ``generate`` draws it with that seed, so the result does not
+depend on which rows share a batch.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Protocol
 
@@ -44,6 +46,8 @@ import numpy as np
 
 from mindspore import Tensor, ops
 
+from eagle_ms.config import GREEDY, SamplingParams
+from eagle_ms.sampling import sample_rows
 from eagle_ms.teacher import causal_chunk_mask
 from eagle_ms.token_ids import check_token_ids
 
@@ -51,7 +55,7 @@ from eagle_ms.token_ids import check_token_ids
 class TurnSource(Protocol):
     """One conversation being answered turn by turn."""
 
-    rng: np.random.Generator | None  # sampling stream (None: greedy)
+    sample_seed: int | None  # the sampling seed of this conversation (None: greedy)
 
     def next_prompt(self) -> np.ndarray | None:
         """Prompt ids [P] of the next turn (P + 1 <= max_context), or None when the conversation is done."""
@@ -68,6 +72,7 @@ class _Row:
     root: int = -1  # last chosen token, not yet in the cache (decode phase)
     tokens: list[int] = field(default_factory=list)
     stop: str | None = None
+    sampling: SamplingParams = GREEDY  # the decoder's parameters with the session's seed
 
 
 @dataclass
@@ -81,7 +86,7 @@ class DecodeStats:
 class BatchDecoder:
     """Continuous-batching decoding over a teacher Cell built for batch ``model.batch``."""
 
-    def __init__(self, model, prefill_chunk: int, max_new_tokens: int, stop_ids, temperature: float = 0.0,
+    def __init__(self, model, prefill_chunk: int, max_new_tokens: int, stop_ids, sampling: SamplingParams = GREEDY,
                  refill_min: int = 1):
         self.model = model
         self.batch, self.capacity, self.chunk = model.batch, model.capacity, prefill_chunk
@@ -91,14 +96,12 @@ class BatchDecoder:
                              f"need 2 * prefill_chunk < runtime.seq_length (the last chunk is a scratch region)")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
         if not 1 <= refill_min <= model.batch:
             raise ValueError(f"refill_min must be in [1, batch size {model.batch}], got {refill_min}")
         self.refill_min = refill_min
         self.max_new_tokens = max_new_tokens
         self.stop_ids = frozenset(int(t) for t in stop_ids)
-        self.temperature = float(temperature)
+        self.sampling = sampling  # seed replaced by each session's sample_seed
         self.scratch = self.capacity - prefill_chunk  # first scratch slot
         self.stats = DecodeStats()
 
@@ -154,7 +157,9 @@ class BatchDecoder:
             raise ValueError(f"prompt of {prompt.size} tokens does not fit max_context {self.max_context} "
                              f"(runtime.seq_length {self.capacity} - prefill_chunk {self.chunk} scratch slots)")
         self.stats.prompt_tokens += int(prompt.size)
-        return _Row(session, prompt)  # a fresh prefill from slot 0: stale slots are masked out
+        sampling = GREEDY if self.sampling.greedy or session.sample_seed is None else \
+            dataclasses.replace(self.sampling, seed=session.sample_seed)
+        return _Row(session, prompt, sampling=sampling)  # a fresh prefill from slot 0: stale slots are masked out
 
     # ------------------------------------------------------------------ the two fixed-shape calls
     def _idle(self, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -217,13 +222,12 @@ class BatchDecoder:
             self._emit(rows[b], self._choose(logits, rows[b]))
 
     # ------------------------------------------------------------------ token choice
-    def _choose(self, logits: np.ndarray, row: _Row) -> int:
-        if self.temperature == 0.0 or row.session.rng is None:
+    @staticmethod
+    def _choose(logits: np.ndarray, row: _Row) -> int:
+        """The token at position ``row.length`` (the row's logits were computed at slot length - 1)."""
+        if row.sampling.greedy:
             return int(np.argmax(logits))
-        z = logits.astype(np.float64) / self.temperature
-        p = np.exp(z - z.max())
-        cdf = np.cumsum(p)
-        return int(min(np.searchsorted(cdf, row.session.rng.random() * cdf[-1], side="right"), logits.size - 1))
+        return int(sample_rows(logits[None], [row.length], row.sampling)[0])
 
     def _emit(self, row: _Row, token: int) -> None:
         """Append ``token``; stop on a stop id (kept) or at max_new_tokens, like ``generate._emit``."""
