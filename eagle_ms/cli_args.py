@@ -16,7 +16,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
-from eagle_ms.config import DECODE_MODES, DRAFTS, GenerationConfig, RuntimeConfig, SpeculativeConfig
+from eagle_ms.config import DECODE_MODES, DRAFTS, STEPS, GenerationConfig, RuntimeConfig, SpeculativeConfig
 from eagle_ms.config_yaml import parse_overrides
 
 REPO_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
@@ -73,9 +73,10 @@ DECODE_FLAGS = (
     Flag("speculative.min_path_prob", "eagle3 depth cut"),
     Flag("speculative.fallback_accept", "teacher-only steps while the mean accept_L is below this"),
     Flag("speculative.mode", "reference (all checks) or performance"),
+    Flag("speculative.step", "device (draft + verify graphs, tokens to the host) or host (host-driven step)"),
     Flag("speculative.draft_window", "keep the last W tokens of draft context, or 'none'", nullable=True),
 )
-_CHOICES = {"speculative.draft": DRAFTS, "speculative.mode": DECODE_MODES}
+_CHOICES = {"speculative.draft": DRAFTS, "speculative.mode": DECODE_MODES, "speculative.step": STEPS}
 
 
 def _argparse_type(flag: Flag):

@@ -29,6 +29,7 @@ DEVICES = ("CPU", "Ascend", "GPU")
 EXEC_MODES = ("graph", "pynative")
 DECODE_MODES = ("reference", "performance")
 DRAFTS = ("none", "test", "eagle3")
+STEPS = ("device", "host")  # speculative.step: where a decode step runs (eagle_ms/generate.py)
 SECTIONS = ("model", "tokenizer", "runtime", "generation", "speculative")
 
 
@@ -289,6 +290,7 @@ class SpeculativeConfig:
     max_depth: int = 10  # Dmax
     top_k: int = 4
     mode: str = "performance"  # reference | performance (env EAGLE_MS_MODE overrides)
+    step: str = "device"  # device: draft + verify graphs, tokens to the host | host: host-driven step
     draft_window: int | None = None  # keep only the last W tokens of draft context (None = full)
     min_path_prob: float = 0.0  # eagle3: stop drafting deeper once every frontier path's probability < this
     fallback_accept: float = 0.0  # teacher-only steps while the accept_L moving average is below this (0 = off)
@@ -299,6 +301,7 @@ class SpeculativeConfig:
     def __post_init__(self):
         check_choice("speculative.draft", self.draft, DRAFTS)
         check_choice("speculative.mode", self.mode, DECODE_MODES)
+        check_choice("speculative.step", self.step, STEPS)
         check_tree_shape(self.budget, self.max_depth, self.top_k)
         check_int("speculative.test_draft_branching", self.test_draft_branching, 1)
         check_draft_window(self.draft_window)

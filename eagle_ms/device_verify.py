@@ -20,6 +20,7 @@ import numpy as np
 
 from mindspore import Tensor
 
+from eagle_ms.config import GREEDY, SamplingParams
 from eagle_ms.models.step_result import unpack_result
 from eagle_ms.models.verify_step import VerifyStep
 from eagle_ms.teacher import TeacherRunner
@@ -78,14 +79,17 @@ class DeviceStep:
 class DeviceVerifier:
     """Verify + accept + commit in one graph call per step, over a TeacherRunner's teacher and cache."""
 
-    def __init__(self, runner: TeacherRunner, max_depth: int, reference: bool = False):
+    def __init__(self, runner: TeacherRunner, max_depth: int, reference: bool = False,
+                 sampling: SamplingParams = GREEDY):
         if max_depth + 1 != runner.cache.width:
             raise ValueError(f"max_depth {max_depth} does not match the runner's commit width "
                              f"{runner.cache.width} (= max_depth + 1)")
         self.runner = runner
         self.max_depth = max_depth
         self.reference = reference
-        self.steps = {w: VerifyStep(runner.model, max_depth, w, reference) for w in runner.attention_windows}
+        self.sampling = sampling
+        self.aux_width = 3 * runner.model.config.hidden_size
+        self.steps = {w: VerifyStep(runner.model, max_depth, w, reference, sampling) for w in runner.attention_windows}
 
     def _call(self, tree: TreeInputs):
         """(result, accepted_aux[, argmax]) of the window's graph; nothing is read back here."""

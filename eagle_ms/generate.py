@@ -1,5 +1,11 @@
 """The one generation loop: prefill, then draft -> tensorize -> verify -> accept -> commit.
 
+Two implementations of the step, one loop (stop rules, fallback gate, emission, traces):
+  * the device step (eagle_ms/device_step.py, ``speculative.step: device``, the default): one draft graph
+    call and one verify+accept+commit graph call; the host reads only the packed tokens;
+  * the host-driven step (eagle_ms/host_step.py, ``speculative.step: host``): host tree build, host masks,
+    logits and aux copied to the host; the reference the device step is compared with.
+
 Teacher-only greedy decoding is this same loop with no drafter: the "tree" is the root alone
 (budget 0, N = 1), so verify is a one-token decode and the accepted path is just the bonus token.
 
@@ -30,14 +36,12 @@ from typing import Callable, Protocol
 import numpy as np
 
 from eagle_ms.config import GREEDY, SamplingParams
+from eagle_ms.device_step import DeviceSteps
 from eagle_ms.fallback import SpeculationGate
+from eagle_ms.host_step import HostSteps
 from eagle_ms.metrics import tau
-from eagle_ms.sampling import sample_rows
-from eagle_ms.teacher import TeacherOutput, TeacherRunner
-from eagle_ms.trace import write_failure_dump
-from eagle_ms.tree import DraftTree, TreeInvariantError, TreeTensors, tensorize, verify_attention_mask
-from eagle_ms.tree_checks import check_invariants
-from eagle_ms.verify import AcceptResult, greedy_accept, sample_accept, tree_samples
+from eagle_ms.teacher import TeacherRunner
+from eagle_ms.tree import DraftTree
 
 STAGES = ("prefill", "draft_prefill", "draft", "tensorize", "mask", "verify", "accept", "commit", "observe")
 
@@ -77,7 +81,7 @@ class StepRecord:
     """One verify step, for traces."""
 
     tree_nodes: int
-    tree_depth: int
+    tree_depth: int | None  # None: a device tree not read back (performance mode)
     accepted_len: int
     accepted_path: list[int]
     reorder_copy: bool
@@ -112,10 +116,6 @@ class GenerationResult:
         return len(self.tokens) / self.total_s if self.total_s > 0 else 0.0
 
 
-class CommitMismatch(AssertionError):
-    """Reference mode: the committed cache differs from sequential decoding of the accepted tokens."""
-
-
 def _emit(out: list[int], new: np.ndarray, settings: DecodeSettings) -> str | None:
     """Append tokens honouring EOS and max_new_tokens; return the stop reason if one was hit."""
     for tok in new.tolist():
@@ -127,112 +127,39 @@ def _emit(out: list[int], new: np.ndarray, settings: DecodeSettings) -> str | No
     return None
 
 
-def _check_commit(runner: TeacherRunner, start: int, tokens: np.ndarray, run_dir: str | None) -> None:
-    """Committed K/V for slots [start, start+len) must equal a sequential re-decode of ``tokens``."""
-    committed = runner.cache_rows(start, start + tokens.size)
-    snapshot, length = runner.snapshot(), runner.length
-    runner.rewind(start)
-    runner.decode_chain(tokens)
-    redone = runner.cache_rows(start, start + tokens.size)
-    runner.restore(snapshot, length)
-    worst = max(float(np.max(np.abs(a - b))) for a, b in zip(committed, redone))
-    scale = max(float(np.max(np.abs(b))) for b in redone) or 1.0
-    if worst > 1e-4 * max(scale, 1.0):
-        raise CommitMismatch(f"commit equivalence failed at slots [{start}, {start + tokens.size}): "
-                             f"max |diff| {worst:.3e} (tokens {tokens.tolist()})")
-
-
-class _Clock:
-    def __init__(self):
-        self.stages: dict[str, float] = {}
-        self._t = time.perf_counter()
-
-    def lap(self, stage: str) -> None:
-        now = time.perf_counter()
-        self.stages[stage] = self.stages.get(stage, 0.0) + now - self._t
-        self._t = now
-
-
-def _speculative_step(runner: TeacherRunner, drafter: Drafter | None, root: int,
-                      settings: DecodeSettings) -> tuple[AcceptResult, TreeTensors, TeacherOutput, _Clock]:
-    """One step; ``drafter`` None (teacher-only run or fallback step) or no room -> the root alone (N = 1)."""
-    clock = _Clock()
-    budget = settings.budget
-    if drafter is None or runner.length + budget + 1 > runner.capacity:
-        tree, budget = DraftTree(root, np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)), 0
-    else:
-        tree = drafter.propose(root)
-    clock.lap("draft")
-    try:
-        tensors = tensorize(tree, runner.length, budget, settings.max_depth)
-    except TreeInvariantError as exc:  # a malformed DraftTree: dump it too, not only tensor-level failures
-        if settings.run_dir and exc.dump_path is None:
-            exc.dump_path = write_failure_dump(settings.run_dir, exc.dump)
-            exc.args = (f"{exc.args[0]} (failure dump: {exc.dump_path})",)
-        raise
-    if settings.reference_checks:
-        check_invariants(tensors, settings.run_dir)
-    clock.lap("tensorize")
-    allowed = verify_attention_mask(tensors, runner.attention_width(runner.length + tensors.num_nodes))
-    clock.lap("mask")
-    out = runner.verify(tensors, allowed)
-    clock.lap("verify")
-    if settings.sampling.greedy:
-        result = greedy_accept(tensors, out.argmax)
-    else:
-        result = sample_accept(tensors, tree_samples(tensors, out.logits, settings.sampling))
-    clock.lap("accept")
-    return result, tensors, out, clock
-
-
-def generate(runner: TeacherRunner, prompt_ids, settings: DecodeSettings,
-             drafter: Drafter | None = None) -> GenerationResult:
+def generate(runner: TeacherRunner, prompt_ids, settings: DecodeSettings, drafter: Drafter | None = None,
+             verifier=None) -> GenerationResult:
     """Greedy or sampled generation (``settings.sampling``); speculative when ``drafter`` is given,
-    teacher-only otherwise. The first token is chosen from the last prompt row, at position P."""
+    teacher-only otherwise. The first token is chosen from the last prompt row, at position P.
+
+    ``verifier`` (a ``DeviceVerifier`` over ``runner``): the device step (eagle_ms/device_step.py; the
+    drafter may then be a ``DeviceTreeDrafter``); None: the host-driven step (eagle_ms/host_step.py).
+    """
     t0 = time.perf_counter()
     prompt_ids = np.asarray(prompt_ids, dtype=np.int32)
-    pre = runner.prefill(prompt_ids)
-    if settings.sampling.greedy:
-        root = int(pre.argmax[-1])
-    else:
-        root = int(sample_rows(pre.logits[-1:], [prompt_ids.size], settings.sampling)[0])
-    prefill_s = time.perf_counter() - t0
-    if drafter is not None:
-        drafter.begin(prompt_ids, pre.aux, root)
-    draft_prefill_s = time.perf_counter() - t0 - prefill_s
+    engine = HostSteps(runner, drafter, settings) if verifier is None else DeviceSteps(verifier, drafter, settings)
+    root, draft_prefill_s = engine.start(prompt_ids)
+    prefill_s = time.perf_counter() - t0 - draft_prefill_s
     tokens: list[int] = []
     steps: list[StepRecord] = []
     gate = SpeculationGate(settings.fallback_accept, settings.fallback_steps)
-    unobserved: list[tuple[np.ndarray, np.ndarray]] = []  # (committed [n], aux [n, 3H]) not yet observed
     stop = _emit(tokens, np.array([root]), settings)
     while stop is None:
         if runner.length + 1 > runner.capacity:
             stop = "capacity"
             break
-        start = runner.length
-        step_drafter = drafter if gate.speculate() else None
-        result, tensors, out, clock = _speculative_step(runner, step_drafter, root, settings)
-        copied = runner.cache.commit_by_path(result.node_ids)
-        committed = tensors.tokens[result.node_ids]
-        if settings.reference_checks:
-            _check_commit(runner, start, committed, settings.run_dir)
-        clock.lap("commit")
-        root = int(result.bonus_token)
-        stop = _emit(tokens, np.asarray(result.tokens), settings)  # A drafts + bonus
-        tree_nodes = int(tensors.valid.sum()) - 1
+        out = engine.step(root, drafter is not None and gate.speculate())
+        root = int(out.tokens[-1])
+        stop = _emit(tokens, np.asarray(out.tokens), settings)  # A drafts + bonus
         if drafter is not None and stop is None:
-            gate.record(result.accepted_len if tree_nodes else None)
-            unobserved.append((committed, out.aux[result.node_ids]))
+            gate.record(out.accepted_len if out.drafted else None)
             if gate.speculate():
-                drafter.observe(np.concatenate([c for c, _ in unobserved]),
-                                np.concatenate([a for _, a in unobserved]), root)
-                unobserved.clear()
-        clock.lap("observe")
-        record = StepRecord(tree_nodes, int(tensors.depth.max()), result.accepted_len,
-                            result.node_ids.tolist(), copied, clock.stages)
+                engine.observe(root)
+        out.clock.lap("observe")
+        record = StepRecord(out.tree_nodes, out.tree_depth, out.accepted_len, out.node_ids.tolist(), out.copied,
+                            out.clock.stages)
         steps.append(record)
         if settings.on_step is not None:
             settings.on_step(record)
     return GenerationResult(int(prompt_ids.size), tokens, stop, steps, prefill_s, time.perf_counter() - t0,
                             draft_prefill_s)
-

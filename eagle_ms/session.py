@@ -13,6 +13,8 @@ import dataclasses
 import numpy as np
 
 from eagle_ms.config import EagleMsConfig
+from eagle_ms.device_drafter import DeviceTreeDrafter
+from eagle_ms.device_verify import DeviceVerifier
 from eagle_ms.generate import GenerationResult, generate
 from eagle_ms.runtime import (build_eagle3_drafter, build_runner, build_test_drafter, decode_mode, decode_settings,
                               load_tokenizer)
@@ -32,13 +34,32 @@ class Session:
         self.speculative = cfg.speculative.draft != "none"
         self.settings = decode_settings(cfg, run_dir)
         self.eagle3 = build_eagle3_drafter(cfg, self.runner) if cfg.speculative.draft == "eagle3" else None
+        self.device = cfg.speculative.step == "device"
+        self.device_tree = DeviceTreeDrafter(self.eagle3) if self.device and self.eagle3 is not None else None
+        self._verifiers: dict = {}  # SamplingParams -> DeviceVerifier (the sampling rule is compiled in)
+
+    def verifier(self, sampling) -> DeviceVerifier | None:
+        """The device verifier for ``sampling`` (built on first use), or None for ``speculative.step: host``."""
+        if not self.device:
+            return None
+        if sampling not in self._verifiers:
+            self._verifiers[sampling] = DeviceVerifier(self.runner, self.settings.max_depth,
+                                                       self.mode == "reference", sampling)
+        return self._verifiers[sampling]
 
     def warm_up(self) -> None:
         """Compile every graph a generation will use (prefill chunk, N=1, N=budget+1, cache mover)."""
         sizes = {1, self.settings.budget + 1} if self.speculative else {1}
-        self.runner.warm_up(sorted(sizes))
+        verifier = self.verifier(self.settings.sampling)
+        if verifier is None:
+            self.runner.warm_up(sorted(sizes))
+        else:  # the host prefill chunk (+ N = 1 for the reference re-decode), then the device graphs
+            self.runner.warm_up([1] if self.mode == "reference" else [])
+            verifier.warm_up(sorted(sizes))
         if self.eagle3 is not None:
             self.eagle3.warm_up()
+        if self.device_tree is not None:
+            self.device_tree.warm_up()
 
     def make_drafter(self, prompt_ids, baseline_tokens=None) -> object | None:
         """The configured drafter for one prompt (None for ``draft: none``).
@@ -53,7 +74,8 @@ class Session:
             if baseline_tokens is None:
                 baseline_tokens = self.run(prompt_ids).tokens
             return build_test_drafter(self.cfg, prompt_ids, baseline_tokens)
-        return self.eagle3  # one compiled draft per session; begin() resets it per prompt
+        # one compiled draft per session; begin() resets it per prompt
+        return self.device_tree if self.device_tree is not None else self.eagle3
 
     def untimed_pair(self, prompt_ids, drafter, tokens: int) -> None:
         """One teacher-only and one speculative run of ``tokens`` new tokens (first-call allocations and
@@ -64,7 +86,8 @@ class Session:
     def run(self, prompt_ids, drafter=None, **overrides) -> GenerationResult:
         """One generation; ``overrides`` replace fields of ``self.settings`` for this call only."""
         settings = dataclasses.replace(self.settings, **overrides) if overrides else self.settings
-        return generate(self.runner, np.asarray(prompt_ids, dtype=np.int32), settings, drafter)
+        return generate(self.runner, np.asarray(prompt_ids, dtype=np.int32), settings, drafter,
+                        self.verifier(settings.sampling))
 
     def generate(self, prompt_ids, warm_up: bool = True) -> dict:
         """Generate for one prompt; the JSON-ready report (tokens, timing, acceptance). A bad prompt is

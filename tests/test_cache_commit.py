@@ -13,7 +13,8 @@ from helpers_models import (TINY, binary_parents, build_teacher, make_runner, ma
 
 from eagle_ms.cache import BranchCache, path_move_slots
 from eagle_ms.models.kv_cache import flat_rows
-from eagle_ms.generate import CommitMismatch, DecodeSettings, generate
+from eagle_ms.generate import DecodeSettings, generate
+from eagle_ms.host_step import CommitMismatch
 from eagle_ms.oracle_drafter import OracleDrafter
 from eagle_ms.teacher import TeacherRunner
 from eagle_ms.tree import tensorize

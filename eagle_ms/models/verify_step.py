@@ -19,7 +19,9 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import nn, ops
 
+from eagle_ms.config import GREEDY, SamplingParams
 from eagle_ms.models.kv_cache import flat_rows
+from eagle_ms.models.sampler import Sampler
 from eagle_ms.models.step_result import pack_result
 
 
@@ -111,7 +113,8 @@ class VerifyStep(nn.Cell):
     Built with auto_prefix=False so the teacher's parameter names (its checkpoint keys) stay as they are.
     """
 
-    def __init__(self, teacher, max_depth: int, window: int, reference: bool = False):
+    def __init__(self, teacher, max_depth: int, window: int, reference: bool = False,
+                 sampling: SamplingParams = GREEDY):
         super().__init__(auto_prefix=False)
         if not (1 <= window <= teacher.capacity and 1 <= max_depth < teacher.capacity):
             raise ValueError(f"VerifyStep needs 1 <= window ({window}) <= teacher capacity ({teacher.capacity}) "
@@ -121,6 +124,7 @@ class VerifyStep(nn.Cell):
         self.num_kv_heads = teacher.config.num_key_value_heads
         self.capacity = teacher.capacity
         self.accept = DeviceAccept(max_depth)
+        self.choose = Sampler(sampling, teacher.config.vocab_size)  # argmax at temperature 0
         self.caches = teacher.caches()
 
     def construct(self, tokens, position_ids, cache_slots, tree_mask, paths, path_lengths, committed_len):
@@ -128,7 +132,8 @@ class VerifyStep(nn.Cell):
         allowed = verify_mask(committed_len, tree_mask, self.window)          # [B, N, W]
         rows = flat_rows(cache_slots, self.num_kv_heads, self.capacity)
         hidden, aux = self.teacher.hidden_states(tokens, position_ids, rows, allowed)  # [B,N,H], [B,N,3Ht]
-        argmax = ops.argmax(self.teacher.lm_logits(hidden), -1).astype(ms.int32)      # [B, N]
+        # the teacher's token after node k, at position position_ids[k] + 1: argmax or the keyed sample
+        argmax = self.choose(self.teacher.lm_logits(hidden), position_ids + 1)       # [B, N] int32
         accepted, emitted, node_ids = self.accept(tokens, argmax, paths, path_lengths)
         self.commit(committed_len, accepted, node_ids)
         flat = (ops.arange(b, dtype=ms.int32).reshape(b, 1) * n + node_ids).reshape(-1)

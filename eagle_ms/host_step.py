@@ -1,0 +1,152 @@
+"""The host-driven speculative step: draft on the host (Drafter protocol), tensorise, verify with the
+teacher's logits and aux copied to the host, accept, commit, observe.
+
+This is the step of the original design and the reference the device step is compared with; the loop
+uses it for Protocol drafters without a device verifier (eagle_ms/generate.py ``generate(...,
+verifier=None)``, ``speculative.step: host``). Per step: ``drafter.propose`` (host ``build_tree`` with one
+draft ``expand`` call per depth), ``tree.tensorize`` + the verify mask on the host, one teacher call whose
+[N, V] logits and [N, 3H] aux come back to the host, ``verify.greedy_accept`` (or sample-and-match),
+``BranchCache.commit_by_path`` (a CacheMover call when the path is out of slot order), then
+``drafter.observe`` with the committed tokens and their aux features.
+
+Also here, shared with the device step (eagle_ms/device_step.py): ``StepOutcome`` (what the loop needs of
+a step), ``Clock`` (stage laps) and the reference-mode commit-equivalence check.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from eagle_ms.teacher import TeacherRunner
+from eagle_ms.trace import write_failure_dump
+from eagle_ms.tree import DraftTree, TreeInvariantError, tensorize, verify_attention_mask
+from eagle_ms.tree_checks import check_invariants
+from eagle_ms.sampling import sample_rows
+from eagle_ms.verify import greedy_accept, sample_accept, tree_samples
+
+
+class CommitMismatch(AssertionError):
+    """Reference mode: the committed cache differs from sequential decoding of the accepted tokens."""
+
+
+class Clock:
+    """Stage laps of one step: ``lap(name)`` adds the time since the previous lap to ``stages[name]``."""
+
+    def __init__(self):
+        self.stages: dict[str, float] = {}
+        self._t = time.perf_counter()
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.stages[stage] = self.stages.get(stage, 0.0) + now - self._t
+        self._t = now
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """One verify step as the loop sees it (batch 1): tokens, not tensors."""
+
+    tokens: np.ndarray      # [A+1] int: the A accepted drafts, then the bonus token
+    accepted_len: int       # A
+    node_ids: np.ndarray    # [A+1] accepted node ids, root first
+    drafted: bool           # a draft tree was verified (False: teacher-only / fallback / no room)
+    tree_nodes: int         # draft nodes in the tree (0 for teacher-only steps)
+    tree_depth: int | None  # the tree's depth; None when the host did not read the tree (device, performance)
+    copied: bool            # the commit moved K/V rows (accepted path out of slot order)
+    clock: Clock
+
+
+def check_commit(runner: TeacherRunner, start: int, tokens: np.ndarray) -> None:
+    """Committed K/V for slots [start, start+len) must equal a sequential re-decode of ``tokens``."""
+    committed = runner.cache_rows(start, start + tokens.size)
+    snapshot, length = runner.snapshot(), runner.length
+    runner.rewind(start)
+    runner.decode_chain(tokens)
+    redone = runner.cache_rows(start, start + tokens.size)
+    runner.restore(snapshot, length)
+    worst = max(float(np.max(np.abs(a - b))) for a, b in zip(committed, redone))
+    scale = max(float(np.max(np.abs(b))) for b in redone) or 1.0
+    if worst > 1e-4 * max(scale, 1.0):
+        raise CommitMismatch(f"commit equivalence failed at slots [{start}, {start + tokens.size}): "
+                             f"max |diff| {worst:.3e} (tokens {tokens.tolist()})")
+
+
+def first_token(runner: TeacherRunner, prompt_ids: np.ndarray, settings):
+    """Prefill the prompt; (the first chosen token, at position P; the prompt's aux features [P, 3H])."""
+    pre = runner.prefill(prompt_ids)
+    if settings.sampling.greedy:
+        return int(pre.argmax[-1]), pre.aux
+    return int(sample_rows(pre.logits[-1:], [prompt_ids.size], settings.sampling)[0]), pre.aux
+
+
+class HostSteps:
+    """The host-driven step (module doc) over ``runner`` with an optional Protocol ``drafter``.
+
+    Low-acceptance fallback: the committed tokens and aux of steps taken while the gate says "do not
+    speculate" are buffered and handed to ``drafter.observe`` in one call before the next drafted step.
+    """
+
+    def __init__(self, runner: TeacherRunner, drafter, settings):
+        self.runner, self.drafter, self.settings = runner, drafter, settings
+        self._unobserved: list[tuple[np.ndarray, np.ndarray]] = []  # (committed [n], aux [n, 3H])
+
+    def start(self, prompt_ids: np.ndarray) -> tuple[int, float]:
+        """Prefill and the drafter's begin: (first token, seconds spent in drafter.begin)."""
+        root, aux = first_token(self.runner, prompt_ids, self.settings)
+        t0 = time.perf_counter()
+        self._unobserved.clear()
+        if self.drafter is not None:
+            self.drafter.begin(prompt_ids, aux, root)
+        return root, time.perf_counter() - t0
+
+    def step(self, root: int, speculate: bool) -> StepOutcome:
+        """One step; no drafter, ``speculate`` False or no room -> the root alone (N = 1)."""
+        runner, settings, clock = self.runner, self.settings, Clock()
+        budget, start = settings.budget, runner.length
+        if self.drafter is None or not speculate or start + budget + 1 > runner.capacity:
+            tree, budget = DraftTree(root, np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)), 0
+        else:
+            tree = self.drafter.propose(root)
+        clock.lap("draft")
+        tensors = self._tensorize(tree, budget)
+        clock.lap("tensorize")
+        allowed = verify_attention_mask(tensors, runner.attention_width(start + tensors.num_nodes))
+        clock.lap("mask")
+        out = runner.verify(tensors, allowed)
+        clock.lap("verify")
+        if settings.sampling.greedy:
+            result = greedy_accept(tensors, out.argmax)
+        else:
+            result = sample_accept(tensors, tree_samples(tensors, out.logits, settings.sampling))
+        clock.lap("accept")
+        copied = runner.cache.commit_by_path(result.node_ids)
+        committed = tensors.tokens[result.node_ids]
+        if settings.reference_checks:
+            check_commit(runner, start, committed)
+        clock.lap("commit")
+        if self.drafter is not None:
+            self._unobserved.append((committed, out.aux[result.node_ids]))
+        return StepOutcome(np.asarray(result.tokens), result.accepted_len, result.node_ids, budget > 0,
+                           int(tensors.valid.sum()) - 1, int(tensors.depth.max()), copied, clock)
+
+    def observe(self, next_root: int) -> None:
+        """Hand the buffered committed tokens to the drafter (before a drafted step)."""
+        if self.drafter is not None and self._unobserved:
+            self.drafter.observe(np.concatenate([c for c, _ in self._unobserved]),
+                                 np.concatenate([a for _, a in self._unobserved]), next_root)
+            self._unobserved.clear()
+
+    def _tensorize(self, tree: DraftTree, budget: int):
+        settings = self.settings
+        try:
+            tensors = tensorize(tree, self.runner.length, budget, settings.max_depth)
+        except TreeInvariantError as exc:  # a malformed DraftTree: dump it too, not only tensor-level failures
+            if settings.run_dir and exc.dump_path is None:
+                exc.dump_path = write_failure_dump(settings.run_dir, exc.dump)
+                exc.args = (f"{exc.args[0]} (failure dump: {exc.dump_path})",)
+            raise
+        if settings.reference_checks:
+            check_invariants(tensors, settings.run_dir)
+        return tensors

@@ -1,0 +1,107 @@
+"""The device step in the one loop (eagle_ms/device_step.py): speculative == teacher-only greedy, token for token.
+
+A tiny teacher and random EAGLE-3 drafts drive ``generate(..., verifier=DeviceVerifier)`` with the
+draft on the device (DeviceTreeDrafter), in performance and reference mode (device tree == host path
+tree, invariants, device acceptance == greedy_accept, commit equivalence at every step), with the
+low-acceptance fallback (pending pairs observed on the host), near the cache's end (capacity stop), and
+with the test drafter's host trees through the device verify graph. The baseline is the host-driven
+loop without a drafter (a second implementation of the same decode).
+"""
+import numpy as np
+import pytest
+
+from eagle_ms.device_drafter import DeviceTreeDrafter
+from eagle_ms.device_verify import DeviceVerifier
+from eagle_ms.draft_weights import default_draft_config, load_draft_state, random_draft_state
+from eagle_ms.drafting import TreeParams
+from eagle_ms.eagle3_drafter import Eagle3Drafter, scratch_size
+from eagle_ms.generate import DecodeSettings, generate
+from eagle_ms.models.eagle3 import Eagle3Draft, Eagle3Expand
+from eagle_ms.oracle_drafter import OracleDrafter
+from helpers_models import TINY, build_teacher, make_runner, prompt
+
+CAPACITY = 64
+CHUNK = 8
+DEPTH = 4
+NEW_TOKENS = 24
+PROMPTS = [prompt(11, 3), prompt(12, 13)]
+
+
+class World:
+    def __init__(self):
+        self.model, _ = build_teacher(CAPACITY, seed=41)
+        self.runner = make_runner(self.model, CHUNK, DEPTH)
+        self.cfg = default_draft_config(TINY, draft_vocab_size=40)
+        params = TreeParams(8, DEPTH, 2)
+        self.draft = Eagle3Draft(self.cfg, 1, CAPACITY + scratch_size(params, CHUNK), 2,
+                                 embed=self.model.model.embed_tokens.weight)
+        self.expand = Eagle3Expand(self.draft)
+        self.verifiers = {ref: DeviceVerifier(self.runner, DEPTH, reference=ref) for ref in (False, True)}
+        self.device_drafters = {}
+
+    def baseline(self, i, n=NEW_TOKENS):
+        return generate(self.runner, PROMPTS[i], DecodeSettings(max_depth=DEPTH, max_new_tokens=n)).tokens
+
+    def device_drafter(self, budget, seed):
+        """New random draft weights (in place: the compiled graphs read the Parameters) for one drafter per
+        budget (one compiled DraftTreeStep each)."""
+        load_draft_state(self.draft, random_draft_state(self.cfg, seed, std=0.3))
+        if budget not in self.device_drafters:
+            host = Eagle3Drafter(self.draft, TreeParams(budget, DEPTH, 2), CAPACITY, CHUNK, expand_cell=self.expand)
+            self.device_drafters[budget] = DeviceTreeDrafter(host)
+        return self.device_drafters[budget]
+
+
+@pytest.fixture(scope="module")
+def world():
+    return World()
+
+
+@pytest.mark.parametrize("reference", [False, True])
+@pytest.mark.parametrize("budget", [1, 8])
+def test_device_step_equals_teacher_only(world, budget, reference):
+    for i in range(len(PROMPTS)):
+        settings = DecodeSettings(budget=budget, max_depth=DEPTH, max_new_tokens=NEW_TOKENS,
+                                  reference_checks=reference)
+        res = generate(world.runner, PROMPTS[i], settings, world.device_drafter(budget, 7 + i),
+                       world.verifiers[reference])
+        assert res.tokens == world.baseline(i), f"prompt {i}"
+        assert all(s.tree_nodes <= budget for s in res.steps)
+
+
+def test_device_step_with_fallback_observes_pending_pairs(world):
+    """A bar no draft reaches: fallback periods of 2 teacher-only steps, then a probe from pairs observed
+    on the host (the draft cache must stay complete, or the probes would draft from a stale context)."""
+    settings = DecodeSettings(budget=8, max_depth=DEPTH, max_new_tokens=NEW_TOKENS, reference_checks=True,
+                              fallback_accept=DEPTH + 1, fallback_steps=2)
+    res = generate(world.runner, PROMPTS[1], settings, world.device_drafter(8, 3), world.verifiers[True])
+    assert res.tokens == world.baseline(1)
+    drafted = [s.tree_nodes > 0 for s in res.steps]
+    assert any(drafted) and not all(drafted)
+
+
+def test_device_step_stops_at_capacity_like_teacher_only(world):
+    long_prompt = prompt(13, CAPACITY - 12)
+    settings = DecodeSettings(budget=8, max_depth=DEPTH, max_new_tokens=200)
+    res = generate(world.runner, long_prompt, settings, world.device_drafter(8, 5), world.verifiers[False])
+    base = generate(world.runner, long_prompt, DecodeSettings(max_depth=DEPTH, max_new_tokens=200))
+    assert res.stop_reason == base.stop_reason == "capacity"
+    assert res.tokens == base.tokens
+
+
+def test_host_trees_through_the_device_verify_graph(world):
+    base = world.baseline(0)
+    drafter = OracleDrafter(base, TINY.vocab_size, 8, DEPTH, seed=2)
+    settings = DecodeSettings(budget=8, max_depth=DEPTH, max_new_tokens=NEW_TOKENS, reference_checks=True)
+    res = generate(world.runner, PROMPTS[0], settings, drafter, world.verifiers[True])
+    assert res.tokens == base
+    assert np.mean([s.accepted_len for s in res.steps]) > 0  # the oracle's trees are accepted
+
+
+def test_teacher_only_through_the_device_graph_hands_the_host_only_tokens(world):
+    res = generate(world.runner, PROMPTS[0], DecodeSettings(max_depth=DEPTH, max_new_tokens=NEW_TOKENS),
+                   None, world.verifiers[False])
+    assert res.tokens == world.baseline(0)
+    step = world.verifiers[False].decode(int(res.tokens[-1])) if world.runner.length + 1 <= CAPACITY else None
+    if step is not None:  # what a performance-mode step returns: ints on the host, no vocabulary axis
+        assert step.argmax is None and step.tokens.dtype.kind == "i" and step.tokens.ndim == 1
