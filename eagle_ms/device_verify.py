@@ -90,6 +90,9 @@ class DeviceVerifier:
         self.sampling = sampling
         self.aux_width = 3 * runner.model.config.hidden_size
         self.steps = {w: VerifyStep(runner.model, max_depth, w, reference, sampling) for w in runner.attention_windows}
+        root_only = tensorize(_root_only(0), 0, 0, max_depth)  # N = 1: mask, paths, lengths never change
+        self._root_only = tuple(Tensor(x[None]) for x in (root_only.tree_mask, root_only.paths,
+                                                         root_only.path_lengths))
 
     def _call(self, tree: TreeInputs):
         """(result, accepted_aux[, argmax]) of the window's graph; nothing is read back here."""
@@ -125,9 +128,16 @@ class DeviceVerifier:
         return DeviceStep(a, packed.tokens, packed.node_ids, copied, outputs[0], outputs[1], argmax)
 
     def decode(self, root: int) -> DeviceStep:
-        """A teacher-only step (N = 1): ``root`` goes into the cache, the bonus token is its argmax."""
-        empty = DraftTree(root, np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0))
-        return self.verify(tensorize(empty, self.runner.length, 0, self.max_depth))
+        """A teacher-only step (N = 1): ``root`` goes into the cache at L, the bonus token is its argmax.
+
+        The inputs equal ``tensorize`` of the root-only tree; only tokens and position/slot (both L) are
+        new Tensors (reference mode tensorises, so the acceptance is cross-checked)."""
+        length = self.runner.length
+        if self.reference:
+            return self.verify(tensorize(_root_only(root), length, 0, self.max_depth))
+        check_token_ids(np.array([root]), self.runner.vocab_size, "decode root")
+        at = Tensor(np.array([[length]], np.int32))
+        return self.verify(TreeInputs(Tensor(np.array([[root]], np.int32)), at, at, *self._root_only, length))
 
     def aux_rows(self, step: DeviceStep) -> np.ndarray:
         """Host copy of the accepted nodes' aux features [A+1, 3H] (for host-side drafters' observe)."""
@@ -142,9 +152,12 @@ class DeviceVerifier:
             for n in sorted(set(query_sizes)):
                 if n > width:
                     continue
-                empty = DraftTree(0, np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0))
-                self._call(TreeInputs.from_tree(tensorize(empty, width - n, n - 1, self.max_depth)))
+                self._call(TreeInputs.from_tree(tensorize(_root_only(0), width - n, n - 1, self.max_depth)))
         self.runner.reset()
+
+
+def _root_only(root: int) -> DraftTree:
+    return DraftTree(root, np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0))
 
 
 def _check_against_host(t: TreeTensors, argmax: np.ndarray, packed) -> None:

@@ -110,6 +110,8 @@ class VerifyStep(nn.Cell):
       -> (result [B,2D+3] i32, accepted_aux [B,D+1,3Ht]) (+ argmax [B,N] i32 if ``reference``).
     accepted_aux rows 0..A are the accepted nodes' aux features (root first); padded rows repeat the
     root's. ``window`` W: attention reads cache slots [0, W); the caller guarantees L + N <= W.
+    N = 1 (the root alone: teacher-only and fallback steps) compiles to a graph without the acceptance
+    and commit ops (A is 0 and the root is already at slot L); the shape decides, at compile time.
     Built with auto_prefix=False so the teacher's parameter names (its checkpoint keys) stay as they are.
     """
 
@@ -129,19 +131,38 @@ class VerifyStep(nn.Cell):
 
     def construct(self, tokens, position_ids, cache_slots, tree_mask, paths, path_lengths, committed_len):
         b, n = tokens.shape
-        allowed = verify_mask(committed_len, tree_mask, self.window)          # [B, N, W]
+        if n == 1:  # a static shape (resolved at compile time): the root alone, a teacher-only step
+            cols = ops.arange(self.window, dtype=ms.int32).reshape(1, 1, self.window)
+            allowed = cols <= committed_len.reshape(b, 1, 1)                  # == verify_mask for N = 1
+        else:
+            allowed = verify_mask(committed_len, tree_mask, self.window)      # [B, N, W]
         rows = flat_rows(cache_slots, self.num_kv_heads, self.capacity)
         hidden, aux = self.teacher.hidden_states(tokens, position_ids, rows, allowed)  # [B,N,H], [B,N,3Ht]
         # the teacher's token after node k, at position position_ids[k] + 1: argmax or the keyed sample
         argmax = self.choose(self.teacher.lm_logits(hidden), position_ids + 1)       # [B, N] int32
+        if n == 1:
+            result, accepted_aux = self.root_only(argmax, aux)
+        else:
+            result, accepted_aux = self.accept_and_commit(tokens, argmax, aux, paths, path_lengths, committed_len)
+        if self.reference:
+            return result, accepted_aux, argmax
+        return result, accepted_aux
+
+    def root_only(self, argmax, aux):
+        """N = 1: A = 0, node ids [0], the bonus is argmax[0]; the commit is by length (nothing moves)."""
+        b = argmax.shape[0]
+        zeros = ops.zeros((b, self.max_depth + 1), ms.int32)
+        result = pack_result(zeros[:, 0], ops.concat((argmax, zeros[:, 1:]), 1), zeros)
+        return result, ops.broadcast_to(aux, (b, self.max_depth + 1, aux.shape[-1]))
+
+    def accept_and_commit(self, tokens, argmax, aux, paths, path_lengths, committed_len):
+        """N > 1: DeviceAccept, the commit by path, and the accepted nodes' aux rows [B, D+1, 3Ht]."""
+        b, n = tokens.shape
         accepted, emitted, node_ids = self.accept(tokens, argmax, paths, path_lengths)
         self.commit(committed_len, accepted, node_ids)
         flat = (ops.arange(b, dtype=ms.int32).reshape(b, 1) * n + node_ids).reshape(-1)
         accepted_aux = ops.gather(aux.reshape(b * n, -1), flat, 0).reshape(b, self.max_depth + 1, -1)
-        result = pack_result(accepted, emitted, node_ids)
-        if self.reference:
-            return result, accepted_aux, argmax
-        return result, accepted_aux
+        return pack_result(accepted, emitted, node_ids), accepted_aux
 
     def commit(self, committed_len, accepted, node_ids):
         """Every layer: K/V of slots L + node_ids[i] -> L + i for i <= A (``commit_slots``)."""
