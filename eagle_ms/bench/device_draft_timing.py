@@ -24,11 +24,10 @@ import numpy as np
 
 from mindspore import Tensor, nn
 
-from eagle_ms.device_drafter import DeviceTreeDrafter, HostTree, no_step_result
-from eagle_ms.draft_tree_check import DraftTreeMismatch, compare_trees
+from eagle_ms.device_drafter import DeviceTreeDrafter, no_step_result
+from eagle_ms.draft_tree_check import DraftTreeMismatch, compare_trees, host_tree
 from eagle_ms.drafting import TreeParams
 from eagle_ms.models.draft_tree_step import DraftTreeStep, result_width
-from eagle_ms.tree import tensorize
 
 ARMS = ("device", "host", "host_full", "tree_D", "tree_1")
 
@@ -87,17 +86,17 @@ class TimedDrafter:
             times[arm] = time.perf_counter() - t0
         length = start + accepted + 1
         self.drafter.follow_device(length, read_root=True)  # every arm left the same committed state
-        host_tree, calls = outcome["host"]
+        tree, calls = outcome["host"]
         record = {"context": length, "accepted": accepted, "expand_calls": calls, "equal": True, "detail": None,
                   **{f"{arm}_ms": 1e3 * t for arm, t in times.items()}}
-        want = HostTree(tensorize(host_tree, length, self.params.budget, d), _scores(host_tree, self.params.budget))
+        want = host_tree(tree, length, self.params.budget, d)
         try:
             compare_trees(outcome["device"].to_host(), want)
         except DraftTreeMismatch as exc:
             record.update(equal=False, detail=str(exc))
         self.records.append(record)
         self.pending = None
-        return host_tree
+        return tree
 
     def _device_inputs(self, accepted: int):
         d = self.params.max_depth
@@ -130,12 +129,6 @@ class TimedDrafter:
         finally:
             drafter.early_stop = True
         return tree, drafter.last.expand_calls
-
-
-def _scores(tree, budget: int) -> np.ndarray:
-    out = np.zeros(budget + 1)
-    out[1:tree.num_nodes + 1] = tree.scores
-    return out
 
 
 def summarize(records: list[dict], windows, max_depth: int) -> dict:
