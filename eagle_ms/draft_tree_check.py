@@ -19,9 +19,9 @@ import numpy as np
 from eagle_ms.device_drafter import DeviceTree, HostTree
 from eagle_ms.eagle3_drafter import Eagle3Drafter
 from eagle_ms.trace import write_failure_dump
-from eagle_ms.tree import TreeTensors, tensorize
+from eagle_ms.tree import DraftTree, TreeTensors, tensorize
 
-__all__ = ["DraftTreeMismatch", "SCORE_TOL", "check_device_tree", "compare_trees", "reference_tree"]
+__all__ = ["DraftTreeMismatch", "SCORE_TOL", "check_device_tree", "compare_trees", "host_tree", "reference_tree"]
 
 SCORE_TOL = 1e-5
 FIELDS = tuple(f.name for f in dataclasses.fields(TreeTensors))
@@ -37,14 +37,18 @@ class DraftTreeMismatch(AssertionError):
         self.dump_path = dump_path
 
 
+def host_tree(tree: DraftTree, length: int, budget: int, max_depth: int) -> HostTree:
+    """A host DraftTree as the device step returns it: ``tensorize`` at L' = ``length`` and scores [N]."""
+    scores = np.zeros(budget + 1)
+    scores[1:tree.num_nodes + 1] = tree.scores
+    return HostTree(tensorize(tree, length, budget, max_depth), scores)
+
+
 def reference_tree(drafter: Eagle3Drafter, length: int) -> HostTree:
     """The host path's tree for the teacher at L' = ``length``, from the root pair a device step kept."""
     drafter.follow_device(length, read_root=True)
-    tree = drafter.propose(drafter.root_token)
     params = drafter.params
-    scores = np.zeros(params.budget + 1)
-    scores[1:tree.num_nodes + 1] = tree.scores
-    return HostTree(tensorize(tree, length, params.budget, params.max_depth), scores)
+    return host_tree(drafter.propose(drafter.root_token), length, params.budget, params.max_depth)
 
 
 def _first_difference(name: str, got, want) -> Optional[str]:

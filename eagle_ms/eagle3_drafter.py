@@ -25,8 +25,8 @@ Calls:
     call of Dmax+1 rows (padding rows go to scratch); after teacher-only fallback steps the tokens of
     several steps come at once, in ceil(n / (Dmax+1)) calls;
   * propose(root): ``drafting.build_tree`` with one ``expand`` call of k rows per depth (the host path;
-    ``DraftTreeStep`` drafts the same tree in one device call and ``follow_device`` hands back to the host). Frontier node
-    at depth t: token = its own, feature = its parent's output hidden, position L-1+t, slot in scratch;
+    ``DraftTreeStep`` drafts the same tree in one device call, ``follow_device`` hands back to the host).
+    Frontier node at depth t: token = its own, feature = its parent's output hidden, position L-1+t, slot in scratch;
     it sees the committed pairs, its ancestors' scratch slots and itself.
 
 ``context_window`` W (``speculative.draft_window``): every row sees only the last W committed pairs (up

@@ -1,15 +1,19 @@
 """The device draft tree (eagle_ms/models/draft_tree_step.py, tree_graph.py) against the host path.
 
-Second implementations: eagle_ms/drafting.py ``build_tree`` + eagle_ms/tree.py ``chain_first`` / ``tensorize``
+Second implementation: eagle_ms/drafting.py ``build_tree`` + eagle_ms/tree.py ``chain_first`` / ``tensorize``
 (the host reference), driven by
-  * an oracle of given per-depth log-probs (the in-graph ranking core ``TreeGrowth`` alone, run eagerly
-    op by op, so the full grid M x Dmax x k = 4 x 3 x 3 costs no graph compiles; random and tied scores);
-  * a second, independent draft Cell with the same weights and its own cache, driven by the host
-    ``Eagle3Drafter`` (begin / observe / propose): the whole DraftTreeStep graph (extend, root pair, every
-    expansion, rerank, tree tensors) on a covering subset of shapes, with context_window, attention windows,
-    min_path_prob, exact log-prob ties (duplicated lm_head rows) and A = -1 .. Dmax from packed results.
-Every device tree also passes ``check_invariants`` and the reference-mode check on its own cache.
+  * an oracle of given per-depth log-probs: the in-graph ranking core ``TreeGrowth`` alone on the full grid
+    M x Dmax x k = {1, 4, 16, 32} x {1, 4, 12} x {1, 2, 4}, random and tied scores. It runs eagerly (the
+    Cell's construct called directly: the same ops, op by op), so the grid costs no graph compiles;
+  * the host ``Eagle3Drafter`` (observe + propose) over the same draft Cell, from the state before each
+    device step (cache restored): the whole DraftTreeStep graph (extend, root pair, every expansion, rerank,
+    tree tensors) on a covering subset of shapes (``CASES``: Dmax 1 / 4 / 12, k 1 / 2 / 4, M 4 / 8 / 16 / 32)
+    with context_window, attention windows, min_path_prob, exact log-prob ties (duplicated lm_head rows),
+    A = -1 .. Dmax from packed results and a fallback period; the K/V both extends commit are compared too.
+Every device tree passes ``check_invariants``; one case also runs the reference-mode check on its cache.
+Graph compiles dominate the time (one DraftTreeStep per case and window, ~10-25 s CPU each here).
 """
+import dataclasses
 import json
 
 import numpy as np
@@ -17,15 +21,15 @@ import pytest
 
 from mindspore import Tensor, nn
 
-from eagle_ms.device_drafter import DeviceTreeDrafter, HostTree, no_step_result
-from eagle_ms.draft_tree_check import DraftTreeMismatch, check_device_tree, compare_trees
+from eagle_ms.device_drafter import DeviceTree, DeviceTreeDrafter, HostTree, no_step_result
+from eagle_ms.draft_tree_check import DraftTreeMismatch, check_device_tree, compare_trees, host_tree
 from eagle_ms.draft_weights import check_draft_state, load_draft_state, random_draft_state
 from eagle_ms.drafting import TreeParams, build_tree
 from eagle_ms.eagle3_drafter import Eagle3Drafter, scratch_size
 from eagle_ms.models.draft_tree_step import DraftTreeStep, result_width, token_columns
 from eagle_ms.models.eagle3 import Eagle3Config, Eagle3Draft
 from eagle_ms.models.tree_graph import TreeGrowth, stable_rank
-from eagle_ms.tree import chain_first, tensorize
+from eagle_ms.tree import chain_first
 from eagle_ms.tree_checks import check_invariants
 
 
@@ -37,12 +41,6 @@ def pack_result_numpy(rows, max_depth):
         out[b, token_columns(max_depth)][:a + 1] = tokens
         out[b, max_depth + 2:][:a + 1] = node_ids
     return out
-
-
-def host_tree(tree, length, budget, max_depth) -> HostTree:
-    scores = np.zeros(budget + 1)
-    scores[1:tree.num_nodes + 1] = tree.scores
-    return HostTree(tensorize(tree, length, budget, max_depth), scores)
 
 
 # ------------------------------------------------------------------------------ the ranking core alone
@@ -84,7 +82,6 @@ def oracle_host_tree(root_lp, root_ids, lp, ids, params, length, root):
 
 
 def device_output_tree(outputs, length, budget, max_depth) -> HostTree:
-    from eagle_ms.device_drafter import DeviceTree
     return DeviceTree(*outputs, committed_len=length, budget=budget, max_depth=max_depth).to_host()
 
 
@@ -315,7 +312,7 @@ def test_mismatch_names_the_first_differing_field_and_dumps(setup, tmp_path):
     assert not (tmp_path / "failures").exists()
     parent = got.tensors.parent.copy()
     parent[2] = 1  # a valid node re-parented
-    bad = HostTree(dataclasses_replace(got.tensors, parent=parent), got.scores)
+    bad = HostTree(dataclasses.replace(got.tensors, parent=parent), got.scores)
     with pytest.raises(DraftTreeMismatch, match=r"field 'parent' differs at \[2\]: device 1 host 0") as err:
         compare_trees(bad, got, str(tmp_path))
     dump = json.loads(open(err.value.dump_path).read())
@@ -323,11 +320,6 @@ def test_mismatch_names_the_first_differing_field_and_dumps(setup, tmp_path):
     with pytest.raises(DraftTreeMismatch, match="field 'scores' differs by more than 1e-05 at \\[1\\]"):
         compare_trees(HostTree(got.tensors, got.scores + np.eye(got.scores.size)[1] * 2e-5), got)
     compare_trees(HostTree(got.tensors, got.scores + 5e-6), got)  # within float32 rounding of the sums
-
-
-def dataclasses_replace(obj, **changes):
-    import dataclasses
-    return dataclasses.replace(obj, **changes)
 
 
 def test_follow_device_hands_back_to_the_host(setup):

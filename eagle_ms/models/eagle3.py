@@ -23,9 +23,10 @@ Two fixed-shape graphs share ONE set of weights and ONE static KV cache:
 both returning ``(topk_logprob [B,N,K] f32, topk_target_ids [B,N,K] i32, hidden [B,N,H])`` with the
 top-k taken in the graph. The extend graph also takes ``last_row [B] i32`` (the last real row) and keeps
 that row's outputs, the next tree's root pair, on the device (``RootPairStore``), so a device-resident
-tree step (eagle_ms/models/draft_tree_step.py) can start from it without the host. K/V of the N rows are written at ``cache_slots`` before attention; the mask
-(True = may attend to that slot) is the single mask source, converted by the attention backend. Its
-width W <= S selects the attention window: only cache slots [0, W) are read (one graph per (N, W)).
+tree step (eagle_ms/models/draft_tree_step.py) can start from it without the host. K/V of the N rows
+are written at ``cache_slots`` before attention; the mask (True = may attend to that slot) is the single
+mask source, converted by the attention backend. Its width W <= S selects the attention window: only
+cache slots [0, W) are read (one graph per (N, W)).
 
 Token embedding: the draft SHARES the teacher's ``model.embed_tokens.weight`` Parameter when it is
 built from a teacher Cell (no second [V, H] copy on the device, identical by construction, and frozen
