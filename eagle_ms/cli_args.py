@@ -5,9 +5,9 @@ A decoding flag ``--max-depth`` is the config key ``speculative.max_depth``: its
 type come from the field of eagle_ms/config.py (choices from the config's own lists). Where two
 sections share a field name the flag is named explicitly: ``--sample-top-k`` is ``generation.top_k``
 (``--top-k`` is the tree's k), ``--seed`` is the sampling seed ``generation.seed`` (as in
-``eagle-ms regenerate``) and ``--runtime-seed`` is ``runtime.seed`` (random weights, test drafter). A flag that is
-not given leaves the config value alone (argparse ``SUPPRESS``), so ``--draft-window none`` can set the
-key back to null. ``--set section.key=value`` reaches every other key.
+``eagle-ms regenerate``) and ``--runtime-seed`` is ``runtime.seed`` (random weights, test drafter).
+A flag that is not given leaves the config value alone (argparse ``SUPPRESS``), so
+``--draft-window none`` can set the key back to null. ``--set section.key=value`` reaches every other key.
 """
 from __future__ import annotations
 

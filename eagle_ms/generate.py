@@ -19,8 +19,9 @@ is the last chosen token, not yet in the cache. A step
   5. commits the accepted nodes' K/V to [L, L+A+1) and emits the A drafts + the bonus token.
 The token at absolute position p is the teacher's choice for p (argmax, or the sample keyed by
 (seed, p): eagle_ms/sampling.py) whatever the tree, so teacher-only and speculative output agree token
-for token at every temperature. Stops: EOS (emitted, then stop), ``max_new_tokens``, or KV capacity. Near capacity the loop falls back to
-N = 1 steps so speculative output stops exactly where teacher-only output would.
+for token at every temperature. Stops: EOS (emitted, then stop), ``max_new_tokens``, or KV capacity.
+Near capacity the loop falls back to N = 1 steps so speculative output stops exactly where teacher-only
+output would.
 
 Low-acceptance fallback (``fallback_accept`` > 0, eagle_ms/fallback.py): while the moving average of
 accept_L is below it, steps are teacher-only (N = 1) and the drafter is not called; the committed tokens
