@@ -5,7 +5,9 @@ A file is an 8-byte little-endian header length n, a JSON header of n bytes
 little-endian tensor data; offsets are relative to the start of the data section. ``SafetensorsFile``
 validates every header entry (known dtype tag, byte count = prod(shape) * itemsize, data inside the file)
 and, as the format requires and the reference reader checks, that the byte ranges do not overlap and
-cover the data section exactly (no gap, no trailing bytes); it reads one tensor at a time. BF16 has no
+cover the data section exactly (no gap, no trailing bytes); it reads one tensor at a time (``read``: a
+copy) or maps the file once and hands out read-only views of it (``view``: no copy, for the teacher
+loader, which checks and then loads every tensor from the same mapped bytes). BF16 has no
 NumPy dtype: it is read as uint16 bit patterns and widened by ``uint16 -> uint32 << 16`` (exact), and
 written by round-to-nearest-even (``float32_to_bf16_bits``). ``write_safetensors`` writes atomically
 (eagle_ms/files.py), data 8-byte aligned as the reference writer does. ``check_float_tensor`` is the
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 import struct
 from typing import Mapping
@@ -50,10 +53,12 @@ class CheckpointError(ValueError):
 # ----------------------------------------------------------------------------------------------
 
 class SafetensorsFile:
-    """Header of one safetensors file; ``read(key)`` returns one tensor (BF16 -> float32)."""
+    """Header of one safetensors file; ``read(key)`` returns one tensor (BF16 -> float32), ``view(key)``
+    the same values without copying them out of the file's one memory map."""
 
     def __init__(self, path: str):
         self.path = path
+        self._map: mmap.mmap | None = None  # the whole file, mapped on the first view()
         if not os.path.isfile(path):
             raise CheckpointError(f"safetensors file not found: {path}")
         size = os.path.getsize(path)
@@ -73,7 +78,7 @@ class SafetensorsFile:
         if not isinstance(header, dict):
             raise CheckpointError(f"{path}: corrupt safetensors header (not a JSON object)")
         self.metadata = header.pop("__metadata__", None) or {}
-        self.data_start = 8 + n
+        self.data_start, self.size = 8 + n, size
         self.tensors = {k: self._check_entry(k, v, size - self.data_start) for k, v in header.items()}
         self._check_layout(size - self.data_start)
 
@@ -125,15 +130,37 @@ class SafetensorsFile:
             raise CheckpointError(f"{self.path}: truncated while reading '{key}'")
         arr = np.frombuffer(buf, dtype=ST_DTYPES[tag]).reshape(shape)
         if tag == "BF16":
-            return (arr.astype(np.uint32) << 16).view(np.float32)
+            return _widen_bf16(arr)
         return arr.astype(arr.dtype.newbyteorder("="), copy=True)
+
+    def view(self, key: str) -> np.ndarray:
+        """Tensor ``key`` as a read-only array over the file's memory map: no copy (BF16 is widened to a
+        float32 copy). The file is mapped once, at the first view, while this object or a view lives; a
+        file replaced meanwhile (``os.replace``) keeps serving the mapped bytes. Truncating the mapped file
+        in place is undefined (SIGBUS), as for any memory-mapped reader."""
+        if key not in self.tensors:
+            raise CheckpointError(f"{self.path}: no tensor '{key}'")
+        if self._map is None:
+            with open(self.path, "rb") as fh:
+                if os.fstat(fh.fileno()).st_size != self.size:
+                    raise CheckpointError(f"{self.path}: changed size since its header was read")
+                self._map = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        tag, shape, begin, end = self.tensors[key]
+        dtype = np.dtype(ST_DTYPES[tag])
+        arr = np.frombuffer(self._map, dtype, (end - begin) // dtype.itemsize, self.data_start + begin)
+        return _widen_bf16(arr.reshape(shape)) if tag == "BF16" else arr.reshape(shape)
+
+
+def _widen_bf16(bits: np.ndarray) -> np.ndarray:
+    """BF16 bit patterns (uint16) -> float32 values, exactly (a new array)."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
 def _decode_2byte(bits: np.ndarray, tag: str) -> np.ndarray:
     """uint16 bit patterns -> float32 values, read as F16 or BF16."""
     if tag == "F16":
         return bits.view(np.float16).astype(np.float32)
-    return (bits.astype(np.uint32) << 16).view(np.float32)
+    return _widen_bf16(bits)
 
 
 def _not_weights(x: np.ndarray) -> str | None:

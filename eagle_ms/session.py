@@ -91,7 +91,8 @@ class Session:
 
     def generate(self, prompt_ids, warm_up: bool = True) -> dict:
         """Generate for one prompt; the JSON-ready report (tokens, timing, acceptance). A bad prompt is
-        refused before any graph is compiled."""
+        refused before any graph is compiled; it is checked once (``TeacherRunner.check_prompt``: the
+        prefills of the checked array do not check it again)."""
         prompt_ids = self.runner.check_prompt(prompt_ids)
         if warm_up:
             self.warm_up()

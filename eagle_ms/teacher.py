@@ -46,6 +46,7 @@ class TeacherRunner:
         self.capacity = model.capacity
         self.vocab_size = model.config.vocab_size
         self.prefill_chunk = prefill_chunk
+        self._checked_prompt: np.ndarray | None = None  # the last array check_prompt returned
         self.cache = BranchCache(self.capacity, model.make_mover(), commit_width)
         windows = sorted(set(attention_windows or ())) + [self.capacity]
         self.attention_windows = tuple(w for w in windows if w <= self.capacity)  # ascending, ends at capacity
@@ -81,9 +82,13 @@ class TeacherRunner:
         return logits.asnumpy()[0], aux.asnumpy()[0]
 
     def check_prompt(self, prompt_ids) -> np.ndarray:
-        """The prompt as int32 [P] if every id is in the vocabulary and it fits the cache, else ValueError."""
+        """The prompt as a read-only int32 array [P] if every id is in the vocabulary and it fits the cache,
+        else ValueError. ``prefill`` of the very array returned last is not checked again (it is read-only,
+        so it still holds what was checked): ``Session.generate`` checks before compiling, then prefills."""
         prompt_ids = check_token_ids(prompt_ids, self.vocab_size)
         self.check_prompt_fits(prompt_ids.size)
+        prompt_ids.flags.writeable = False
+        self._checked_prompt = prompt_ids
         return prompt_ids
 
     def check_prompt_fits(self, n_prompt: int) -> None:
@@ -101,8 +106,9 @@ class TeacherRunner:
         """Run the prompt through the cache in fixed chunks; commit it. Returns per-token outputs [P, ...].
 
         Raises ValueError for an id outside the vocabulary (naming its position) or a prompt that does not
-        fit the cache, before any call."""
-        prompt_ids = self.check_prompt(prompt_ids)
+        fit the cache, before any call (unless ``prompt_ids`` is what ``check_prompt`` just returned)."""
+        if prompt_ids is not self._checked_prompt:
+            prompt_ids = self.check_prompt(prompt_ids)
         self.reset()
         chunk = self.prefill_chunk
         logits, aux = [], []

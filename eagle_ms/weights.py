@@ -18,8 +18,11 @@ Linear weights are ``[out, in]`` as stored by HF, so nothing is transposed. Rule
     key, the shapes and the source file, before any parameter is changed;
   * values: every float tensor must be finite and, when stored as F16/BF16, plausible for that tag
     (``safetensors_format.check_float_tensor``: catches F16 <-> BF16 relabelled files). All tensors are
-    checked before the first parameter is set, so a file's tensors are read twice (once to check, once
-    to set; host memory stays at one tensor) and a refused checkpoint leaves the model unchanged;
+    checked before the first parameter is set, so a refused checkpoint leaves the model unchanged. Each
+    file is read once: it is memory-mapped once (``SafetensorsFile.view``) and both the check and the
+    set read the same mapped bytes (no copy until the conversion to the parameter's dtype; host memory
+    beyond the model stays at one tensor), so a file replaced on disk between check and set cannot
+    slip unchecked values in;
   * ``*.rotary_emb.inv_freq`` (a buffer openPangu stores) is ignored: RoPE is recomputed from rope_theta;
   * any float dtype (F32/F16/BF16/F64) is converted to the parameter's dtype (BF16 -> F32 is exact);
   * the static KV caches (``*.k_cache`` / ``*.v_cache``) are runtime state, never checkpoint content.
@@ -135,8 +138,8 @@ class CheckpointTensor:
         return np.dtype(self.dtype).kind == "f"
 
     def read(self) -> np.ndarray:
-        """The value; BF16 widened to float32."""
-        return self.array if self.file is None else self.file.read(self.key)
+        """The value, read-only over the file's memory map (no copy); BF16 widened to float32."""
+        return self.array if self.file is None else self.file.view(self.key)
 
 
 def load_state(model: nn.Cell, state: Mapping[str, np.ndarray], source: str = "<state>") -> None:

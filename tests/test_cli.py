@@ -1,19 +1,38 @@
-"""CLI smoke tests: `eagle-ms generate ... --json` in a real subprocess (real graph compile, real tokenizer)."""
+"""CLI tests: `eagle-ms generate ... --json` through the in-process entry point ``eagle_ms.cli.main`` (real
+graph compile, real tokenizer). The process boundary itself (stdout holds only the answer, nothing is
+left in the working directory) is tests/test_config_yaml.py's subprocess test."""
+import contextlib
+import io
 import json
 import os
-import subprocess
-import sys
+from dataclasses import dataclass
 
 import pytest
+
+from eagle_ms.cli import main
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(REPO, "configs", "tiny.yaml")
 
 
-def run_cli(*args):
-    env = dict(os.environ, GLOG_v="3", PYTHONPATH=REPO)
-    return subprocess.run([sys.executable, "-m", "eagle_ms.cli", *args], capture_output=True, text=True,
-                          env=env, cwd=REPO, timeout=300)
+@dataclass(frozen=True)
+class CliRun:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_cli(*args) -> CliRun:
+    """``eagle-ms *args`` in this process: exit code (an argparse exit counts as 2), stdout and stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = main(list(args))
+        except SystemExit as exc:
+            rc = exc.code if isinstance(exc.code, int) else 2
+            if not isinstance(exc.code, int) and exc.code is not None:
+                print(exc.code, file=err)
+    return CliRun(rc, out.getvalue(), err.getvalue())
 
 
 def generate_json(*extra):
@@ -40,9 +59,15 @@ def test_generate_json_fields(baseline):
     assert all(a == 0 for a in baseline["accepted_lengths"])  # teacher-only: bonus token only
 
 
-def test_generate_deterministic_for_seed_and_speculative_identical(baseline):
+def test_generate_deterministic_for_seed_and_speculative_identical_prompt_checked_once(baseline, monkeypatch):
+    import eagle_ms.teacher as teacher
+
+    checks, real = [], teacher.check_token_ids
+    monkeypatch.setattr(teacher, "check_token_ids", lambda ids, vocab, what="prompt": checks.append(what) or
+                        real(ids, vocab, what))
     spec = generate_json("--runtime-seed", "3", "--draft", "test", "--budget", "8", "--max-depth", "4",
                          "--mode", "reference")
+    assert checks.count("prompt") == 1  # Session.generate's check; its two prefills (test drafter) trust it
     assert spec["tokens"] == baseline["tokens"]  # same seed -> same random teacher -> same greedy output
     assert spec["draft"] == "test" and spec["mode"] == "reference"
     assert spec["tau"] >= 1.0 and spec["verify_steps"] <= baseline["verify_steps"]
@@ -118,8 +143,6 @@ def test_default_config_outside_a_source_checkout_is_a_clear_error(tmp_path, mon
     ("1,x,3", "--prompt-ids item 1 is 'x': not an integer"),
 ])
 def test_bad_prompt_ids_are_refused_naming_position_and_value(ids, message, capsys):
-    from eagle_ms.cli import main
-
     assert main(["generate", "--config", TINY, "--prompt-ids", ids, "--max-new-tokens", "2", "--json"]) == 2
     out = capsys.readouterr()
     assert message in out.err and out.out == "" and "Traceback" not in out.err

@@ -17,18 +17,24 @@ OURS = ("model", "tokenizer", "runtime", "generation", "speculative")
 MINDFORMERS_READER = """
 import json, sys
 from mindformers.tools.register.config import MindFormerConfig
-cfg = MindFormerConfig(sys.argv[1])
-overrides = json.loads(sys.argv[2])
-if overrides:
-    cfg.merge_from_dict(overrides)
-print("RESULT" + json.dumps(cfg.to_dict()))
+out = []
+for path, overrides in json.loads(sys.argv[1]):
+    cfg = MindFormerConfig(path)
+    if overrides:
+        cfg.merge_from_dict(overrides)
+    out.append(cfg.to_dict())
+print("RESULT" + json.dumps(out))
 """
+SHIPPED = ("tiny.yaml", "demo.yaml", "pangu_embedded_7b.yaml", "pangu_embedded_1b.yaml")
+CHAIN_OVERRIDES = {"runtime.seed": 5, "speculative.top_k": 2, "generation.max_new_tokens": 9}
 
 
-def mindformers_dict(tmp_path, path, overrides=None):
-    script = tmp_path / "mf_reader.py"
+def mindformers_dicts(work, jobs):
+    """MindFormers' dict of each (path, overrides) job, all read in ONE subprocess (importing MindFormers
+    takes seconds; it never runs in the test process)."""
+    script = work / "mf_reader.py"
     script.write_text(MINDFORMERS_READER)
-    proc = subprocess.run([sys.executable, str(script), str(path), json.dumps(overrides or {})], cwd=str(tmp_path),
+    proc = subprocess.run([sys.executable, str(script), json.dumps(jobs)], cwd=str(work),
                           capture_output=True, text=True, timeout=300, env=dict(os.environ, GLOG_v="3"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT"))
@@ -47,26 +53,33 @@ def write(path, text):
     return path
 
 
-@pytest.fixture()
-def chain(tmp_path):
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory):
     """child -> [base_a, base_b] in another directory, with nested overrides."""
-    (tmp_path / "bases").mkdir()
-    write(tmp_path / "bases" / "a.yaml", open(os.path.join(CONFIGS, "tiny.yaml")).read())
-    write(tmp_path / "bases" / "b.yaml", "runtime:\n  seq_length: 256\n  prefill_chunk: 16\n")
-    return write(tmp_path / "child.yaml", "base_config: [bases/a.yaml, bases/b.yaml]\n"
+    root = tmp_path_factory.mktemp("chain")
+    (root / "bases").mkdir()
+    write(root / "bases" / "a.yaml", open(os.path.join(CONFIGS, "tiny.yaml")).read())
+    write(root / "bases" / "b.yaml", "runtime:\n  seq_length: 256\n  prefill_chunk: 16\n")
+    return write(root / "child.yaml", "base_config: [bases/a.yaml, bases/b.yaml]\n"
                  "model:\n  model_config:\n    num_hidden_layers: 3\nspeculative:\n  budget: 8\n")
 
 
-@pytest.mark.parametrize("name", ["tiny.yaml", "demo.yaml", "pangu_embedded_7b.yaml", "pangu_embedded_1b.yaml"])
-def test_shipped_configs_read_as_mindformers_reads_them(tmp_path, name):
+@pytest.fixture(scope="module")
+def mindformers(tmp_path_factory, chain):
+    """Config name -> MindFormers' reading: every shipped config, and "chain" with CHAIN_OVERRIDES."""
+    jobs = [[os.path.join(CONFIGS, name), {}] for name in SHIPPED] + [[str(chain), CHAIN_OVERRIDES]]
+    return dict(zip(SHIPPED + ("chain",), mindformers_dicts(tmp_path_factory.mktemp("mf"), jobs)))
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_configs_read_as_mindformers_reads_them(mindformers, name):
     path = os.path.join(CONFIGS, name)
-    assert without_paths(read_yaml(path)) == without_paths(mindformers_dict(tmp_path, path))
+    assert without_paths(read_yaml(path)) == without_paths(mindformers[name])
 
 
-def test_inheritance_and_overrides_match_mindformers(tmp_path, chain):
-    overrides = {"runtime.seed": 5, "speculative.top_k": 2, "generation.max_new_tokens": 9}
-    ours = apply_overrides(read_yaml(str(chain)), overrides)
-    assert without_paths(ours) == without_paths(mindformers_dict(tmp_path, chain, overrides))
+def test_inheritance_and_overrides_match_mindformers(mindformers, chain):
+    ours = apply_overrides(read_yaml(str(chain)), CHAIN_OVERRIDES)
+    assert without_paths(ours) == without_paths(mindformers["chain"])
     assert ours["model"]["model_config"]["num_hidden_layers"] == 3 and ours["model"]["model_config"]["hidden_size"] == 64
     assert ours["runtime"]["seq_length"] == 256 and ours["speculative"]["budget"] == 8
 

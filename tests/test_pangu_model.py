@@ -306,6 +306,33 @@ def test_prompt_too_long_raises_clear_error(runner_model):
     assert len(model.compile_cache) == compiled and runner.length == length  # refused before any call
 
 
+def test_a_checked_prompt_is_checked_once(runner_model, monkeypatch):
+    """check_prompt's array is prefilled without a second check (Session.generate: check, compile, prefill);
+    any other array, equal or not, is checked by prefill."""
+    import eagle_ms.teacher as teacher
+
+    checks, real = [], teacher.check_token_ids
+    monkeypatch.setattr(teacher, "check_token_ids", lambda ids, vocab, what="prompt": checks.append(what) or
+                        real(ids, vocab, what))
+    model, state = runner_model
+    runner = TeacherRunner(model, prefill_chunk=4, commit_width=4)
+    raw = tokens_for(model.config, 80, 9)
+    checked = runner.check_prompt(raw)
+    assert checks == ["prompt"] and checked.dtype == np.int32 and not checked.flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        checked[0] = 1
+    pre = runner.prefill(checked)
+    assert checks == ["prompt"]
+    np.testing.assert_array_equal(pre.argmax, reference_forward(model.config, state, raw).logits.argmax(-1))
+    runner.prefill(raw)
+    runner.prefill(checked.copy())
+    assert checks == ["prompt"] * 3
+    bad = checked.copy()
+    bad[2] = model.config.vocab_size
+    with pytest.raises(ValueError, match="position 2"):
+        runner.prefill(bad)
+
+
 def test_empty_prompt_raises(runner_model):
     runner = TeacherRunner(runner_model[0], prefill_chunk=4, commit_width=4)
     with pytest.raises(ValueError, match="empty"):

@@ -196,6 +196,20 @@ def test_duplicated_record_ids_are_dropped_when_identical_and_refused_when_not(t
         load_samples(str(path), MAX_LEN, log=_quiet)
 
 
+@pytest.mark.parametrize("value", [8000, -1])
+def test_an_id_outside_the_teacher_vocabulary_is_refused_naming_record_and_position(tmp_path, extractor, value):
+    write_samples(tmp_path / "data.jsonl", 3)
+    lines = (tmp_path / "data.jsonl").read_text().splitlines()
+    bad = json.loads(lines[1])
+    bad["ids"][4] = value
+    (tmp_path / "data.jsonl").write_text("\n".join([lines[0], json.dumps(bad), lines[2]]) + "\n")
+    with pytest.raises(ValueError) as info:
+        run_preprocess(CFG, _opts(tmp_path), extractor=extractor, log=_quiet)
+    assert str(info.value) == (f"{tmp_path / 'data.jsonl'}: record 'r1': token at position 4 is {value}: outside "
+                               "the model vocabulary [0, 8000): another tokenizer?")
+    assert not os.path.exists(tmp_path / "out" / sh.MANIFEST)
+
+
 # ------------------------------------------------------------------------------ stale manifest
 
 def _readers_refuse(out, error, match):

@@ -305,6 +305,43 @@ def test_truncated_and_corrupt_files(tmp_path):
     assert "not found" in error_of(load_teacher_checkpoint, model, str(tmp_path / "nope"))
 
 
+def test_each_file_is_mapped_once_and_loaded_from_the_checked_bytes(tmp_path, monkeypatch):
+    """Read once: every shard is memory-mapped once, the copying reader is never used, and shards replaced
+    on disk after the last check (by a checkpoint holding NaN) do not reach the model: it gets the checked
+    bytes."""
+    import eagle_ms.safetensors_format as sf
+    import eagle_ms.weights as weights
+
+    cfg = tiny_cfg()
+    state = random_teacher_state(cfg, 1)
+    names = save_teacher_checkpoint(state, cfg, str(tmp_path / "ckpt"), max_shard_bytes=40_000)
+    shards = [n for n in names if n.endswith(".safetensors")]
+    poison = {k: v * 2 for k, v in state.items()}
+    poison["model.norm.weight"][0] = np.nan
+    assert save_teacher_checkpoint(poison, cfg, str(tmp_path / "poison"), max_shard_bytes=40_000) == names
+    assert len(shards) >= 3
+    maps, checked, real_mmap, real_check = [], [], sf.mmap.mmap, weights.check_float_tensor
+
+    def check_then_replace(key, arr, tag, source):
+        real_check(key, arr, tag, source)
+        checked.append(key)
+        if len(checked) == len(state):  # every tensor checked: now swap the files under the loader
+            for name in shards:
+                os.replace(tmp_path / "poison" / name, tmp_path / "ckpt" / name)
+
+    monkeypatch.setattr(sf.mmap, "mmap", lambda *a, **kw: maps.append(a) or real_mmap(*a, **kw))
+    monkeypatch.setattr(sf.SafetensorsFile, "read", lambda self, key: pytest.fail(f"copying read of {key}"))
+    monkeypatch.setattr(weights, "check_float_tensor", check_then_replace)
+    model = new_model(cfg)
+    load_teacher_checkpoint(model, str(tmp_path / "ckpt"))
+    assert len(maps) == len(shards) and sorted(checked) == sorted(state)
+    assert_state_equal(cell_state(model), state)
+    replaced = {}
+    for name in shards:
+        replaced.update(stnp.load_file(str(tmp_path / "ckpt" / name)))
+    assert np.isnan(replaced["model.norm.weight"][0])  # the files on disk now hold the poison
+
+
 def write_with_offsets(path, offsets, data_bytes):
     """F32 tensors of 2 elements at the given data_offsets over ``data_bytes`` zero bytes."""
     header = {k: {"dtype": "F32", "shape": [(end - begin) // 4], "data_offsets": [begin, end]}

@@ -43,6 +43,7 @@ from mindspore import Tensor
 
 from eagle_ms.files import write_json_atomic
 from eagle_ms.locks import lock_dir
+from eagle_ms.token_ids import check_token_ids
 from eagle_ms.models.training import TeacherFeatureNet
 from eagle_ms.train import shards as sh
 from eagle_ms.train.hashing import array_hash, json_hash, teacher_fingerprint, tokenizer_fingerprint
@@ -277,6 +278,19 @@ def run_preprocess(cfg, opts: PreprocessOptions, rank: int = 0, world: int = 1, 
             raise
 
 
+def _check_sample_ids(samples: list[Sample], vocab_size: int, data: str) -> None:
+    """Every sample's ids through eagle_ms/token_ids.py before any reaches the teacher's embedding gather.
+
+    Example: record 'a' holding 9000 at position 3 with vocab 8000 -> "data.jsonl: record 'a': token at
+    position 3 is 9000: outside the model vocabulary [0, 8000): another tokenizer?".
+    """
+    for sample in samples:
+        try:
+            check_token_ids(sample.input_ids, vocab_size, f"{data}: record {sample.record_id!r}:")
+        except ValueError as exc:
+            raise ValueError(f"{exc}: another tokenizer?") from None
+
+
 def _run(cfg, opts, rank, world, extractor, log, started) -> dict:
     groups = resolve_groups(opts.shard_groups, world)
     max_len = opts.max_len or cfg.runtime.seq_length
@@ -287,11 +301,7 @@ def _run(cfg, opts, rank, world, extractor, log, started) -> dict:
     samples, dropped = load_samples(opts.data, max_len, _render_fn(cfg), log)
     if not samples:
         raise ValueError(f"{opts.data}: no usable sample (dropped: {dropped})")
-    vocab = cfg.model.vocab_size
-    bad = next((s for s in samples if s.input_ids.min() < 0 or s.input_ids.max() >= vocab), None)
-    if bad is not None:
-        raise ValueError(f"{opts.data}: record {bad.record_id!r} holds token ids outside the teacher vocabulary "
-                         f"[0, {vocab}) (min {bad.input_ids.min()}, max {bad.input_ids.max()}): another tokenizer?")
+    _check_sample_ids(samples, cfg.model.vocab_size, opts.data)
     fp = fingerprint(cfg, opts, extractor)
     base = json_hash(fp)
     plan = sh.shard_plan(len(samples), opts.shard_size, groups)
