@@ -1,12 +1,16 @@
 """Static KV cache Cells: fixed-shape Parameters written in place, and the commit-by-path mover graph.
 
 Device layout (one layer, K and V alike): a Parameter of shape ``[B * Hkv * S, D]`` ("flat slot
-layout"), i.e. the row-major flattening of ``[B, Hkv, S, D]``. Reading it as ``[B, Hkv, S, D]`` is a free
-reshape; writing N new tokens is one in-place ``ScatterUpdate`` at flat rows
+layout"), i.e. the row-major flattening of ``[B, Hkv, S, D]``. Writing N new tokens is one in-place
+``ScatterUpdate`` at flat rows
 
     row(b, h, slot) = (b * Hkv + h) * S + slot
 
 Worked example: B=1, Hkv=2, S=8, slots=[5, 6] -> rows [5, 6, 13, 14] (head 0 then head 1).
+
+Attention reads slots [0, W) of every head with one ``Gather`` of the rows ``window_rows`` (constant per
+graph). It copies the W slots read; a reshape of the whole Parameter to [B, Hkv, S, D] is NOT free on
+CPU (MindSpore copies a reshaped Parameter: all S slots, every layer, every call).
 
 Which slots a call may write (the branch region) and when they count as committed is host bookkeeping:
 eagle_ms/cache.py.
