@@ -12,7 +12,7 @@ from helpers_models import (TINY, binary_parents, build_teacher, make_runner, ma
                             random_parents, rel_err, root_path, star_parents)
 
 from eagle_ms.cache import BranchCache, path_move_slots
-from eagle_ms.models.kv_cache import flat_rows
+from eagle_ms.models.kv_cache import KVCache, flat_rows, window_rows
 from eagle_ms.generate import DecodeSettings, generate
 from eagle_ms.host_step import CommitMismatch
 from eagle_ms.oracle_drafter import OracleDrafter
@@ -83,6 +83,33 @@ def test_flat_rows_worked_example():
     assert rows.tolist() == [5, 6, 13, 14]
     rows = flat_rows(Tensor(np.array([[1], [2]], np.int32)), 2, 8).asnumpy()
     assert rows.tolist() == [1, 9, 18, 26]
+
+
+def test_window_rows_worked_example():
+    """B=1, Hkv=2, S=8, width 3 -> [0, 1, 2, 8, 9, 10]; B=2 repeats the pattern per sequence."""
+    assert window_rows(1, 2, 8, 3).asnumpy().tolist() == [0, 1, 2, 8, 9, 10]
+    assert window_rows(2, 1, 4, 2).asnumpy().tolist() == [0, 1, 4, 5]
+
+
+@pytest.mark.parametrize("width", [3, 8])
+def test_update_writes_then_returns_the_window(width):
+    """KVCache.update == NumPy: scatter k/v at flat_rows, then slots [0, width) as [B, Hkv, W, D]."""
+    batch, hkv, cap, d = 2, 2, 8, 4
+    rng = np.random.default_rng(5)
+    cache = KVCache(batch, hkv, cap, d)
+    old_k, old_v = rng.standard_normal((2, batch * hkv * cap, d)).astype(np.float32)
+    cache.k_cache.set_data(Tensor(old_k))
+    cache.v_cache.set_data(Tensor(old_v))
+    slots = np.array([[1, 2], [6, 7]], np.int32)
+    k, v = rng.standard_normal((2, batch, hkv, 2, d)).astype(np.float32)
+    k_win, v_win = cache.update(Tensor(k), Tensor(v), flat_rows(Tensor(slots), hkv, cap), width)
+    for new, old, got in ((k, old_k, k_win), (v, old_v, v_win)):
+        want = old.reshape(batch, hkv, cap, d).copy()
+        for b in range(batch):
+            want[b][:, slots[b]] = new[b]
+        np.testing.assert_array_equal(got.asnumpy(), want[:, :, :width])
+        np.testing.assert_array_equal(cache.k_cache.asnumpy() if new is k else cache.v_cache.asnumpy(),
+                                      want.reshape(-1, d))
 
 
 def test_branch_cache_bookkeeping_without_device():

@@ -14,6 +14,7 @@ import mindspore as ms
 from mindspore import Tensor
 
 from eagle_ms.config import ModelConfig
+from eagle_ms.models.layers import Rotary, apply_rope, rope_inv_freq, swap_halves
 from eagle_ms.models.pangu import PanguForCausalLM
 from eagle_ms.teacher import TeacherRunner, causal_chunk_mask
 from eagle_ms.weights import load_state, random_teacher_state
@@ -231,6 +232,41 @@ def test_prefill_pad_slot_is_overwritten_by_decode(runner_model):
     runner.reset()
     pre = runner.prefill(seq)  # 13 tokens: chunks 4,4,4,1 (+3 pad)
     assert_close(pre.logits, ref.logits, what="prefill 13 tokens")
+
+
+def test_rope_equals_rotate_half_reference():
+    """Rotary (signed sin) + apply_rope (half swap) == x*cos + [-x2, x1]*sin in float64, exactly up to
+    fp32 rounding of the same products; the half swap and the sign pattern by hand."""
+    assert swap_halves(Tensor(np.array([[1.0, 2.0, 3.0, 4.0]], np.float32))).asnumpy().tolist() == [[3, 4, 1, 2]]
+    d, theta = 8, 10000.0
+    positions = np.array([[0, 3, 17]], np.int32)
+    cos, sin = Rotary(d, theta)(Tensor(positions))  # [1, 1, 3, D]
+    angles = positions[0, :, None].astype(np.float64) * rope_inv_freq(d, theta)[None].astype(np.float64)
+    np.testing.assert_allclose(sin.asnumpy()[0, 0], np.concatenate([-np.sin(angles), np.sin(angles)], -1),
+                               rtol=1e-6, atol=1e-6)
+    x = np.random.default_rng(3).standard_normal((1, 2, 3, d)).astype(np.float32)  # [B, H, N, D]
+    got = apply_rope(Tensor(x), cos, sin).asnumpy()
+    xd, half = x.astype(np.float64), d // 2
+    c = np.cos(np.concatenate([angles, angles], -1))
+    s_ = np.sin(np.concatenate([angles, angles], -1))
+    want = xd * c + np.concatenate([-xd[..., half:], xd[..., :half]], -1) * s_
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_float16_teacher_matches_float32():
+    """compute_dtype float16 runs prefill + decode through the cache and stays close to float32."""
+    cfg16 = dataclasses.replace(GQA_BIAS_UNTIED, compute_dtype="float16")
+    m32, state = build(GQA_BIAS_UNTIED, seed=9, capacity=16)
+    m16 = PanguForCausalLM(cfg16, 1, 16)
+    load_state(m16, state)
+    seq = tokens_for(GQA_BIAS_UNTIED, 31, 9)
+    outs = []
+    for model in (m32, m16):
+        runner = TeacherRunner(model, prefill_chunk=4, commit_width=4)
+        pre, dec = runner.prefill(seq[:6]), runner.decode_chain(seq[6:])
+        outs.append(np.concatenate([pre.logits, dec.logits]))
+    assert outs[1].dtype == np.float32
+    assert_close(outs[1], outs[0], tol=2e-2, what="float16 vs float32 logits")
 
 
 # ------------------------------------------------------------------------ 3. GRAPH_MODE == PyNative

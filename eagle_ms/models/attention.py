@@ -39,6 +39,7 @@ class EagerAttention(nn.Cell):
         self.groups = num_heads // num_kv_heads
         self.scale = 1.0 / (head_dim ** 0.5)
         self.head_dim = head_dim
+        self.scores_matmul = ops.BatchMatMul(transpose_b=True)  # q k^T without materialising k^T
 
     def prepare_mask(self, allowed):
         """allowed [B, N, S] bool -> additive fp32 mask [B, 1, 1, N, S] (0 keep, NEG_INF drop)."""
@@ -51,7 +52,7 @@ class EagerAttention(nn.Cell):
         b, _, n, d = q.shape
         s = k.shape[2]
         qg = q.reshape(b, self.num_kv_heads, self.groups * n, d)  # [B, Hkv, G*N, D]
-        scores = ops.matmul(qg, k.swapaxes(-1, -2)).astype(ms.float32) * self.scale  # [B, Hkv, G*N, S]
+        scores = self.scores_matmul(qg, k).astype(ms.float32) * self.scale  # [B, Hkv, G*N, S]
         scores = scores.reshape(b, self.num_kv_heads, self.groups, n, s) + mask
         probs = ops.softmax(scores, axis=-1).astype(v.dtype)
         probs = probs.reshape(b, self.num_kv_heads, self.groups * n, s)

@@ -38,8 +38,5 @@ class CachedAttention(nn.Cell):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if rows is None:
             return self.o_proj(self.attn(q, k, v, mask))
-        k_all, v_all = self.kv_cache.update(k, v, rows)  # [B, Hkv, S, D]
-        window = mask.shape[-1]
-        if window < k_all.shape[2]:
-            k_all, v_all = k_all[:, :, :window], v_all[:, :, :window]
-        return self.o_proj(self.attn(q, k_all, v_all, mask))
+        k_win, v_win = self.kv_cache.update(k, v, rows, mask.shape[-1])  # [B, Hkv, W, D]
+        return self.o_proj(self.attn(q, k_win, v_win, mask))

@@ -1,12 +1,16 @@
 """Static KV cache Cells: fixed-shape Parameters written in place, and the commit-by-path mover graph.
 
 Device layout (one layer, K and V alike): a Parameter of shape ``[B * Hkv * S, D]`` ("flat slot
-layout"), i.e. the row-major flattening of ``[B, Hkv, S, D]``. Reading it as ``[B, Hkv, S, D]`` is a free
-reshape; writing N new tokens is one in-place ``ScatterUpdate`` at flat rows
+layout"), i.e. the row-major flattening of ``[B, Hkv, S, D]``. Writing N new tokens is one in-place
+``ScatterUpdate`` at flat rows
 
     row(b, h, slot) = (b * Hkv + h) * S + slot
 
 Worked example: B=1, Hkv=2, S=8, slots=[5, 6] -> rows [5, 6, 13, 14] (head 0 then head 1).
+
+Attention reads slots [0, W) of every head with one ``Gather`` of the rows ``window_rows`` (constant per
+graph). It copies the W slots read; a reshape of the whole Parameter to [B, Hkv, S, D] is NOT free on
+CPU (MindSpore copies a reshaped Parameter: all S slots, every layer, every call).
 
 Which slots a call may write (the branch region) and when they count as committed is host bookkeeping:
 eagle_ms/cache.py.
@@ -28,6 +32,16 @@ def flat_rows(slots, num_kv_heads: int, capacity: int):
     return rows.reshape(-1)
 
 
+def window_rows(batch: int, num_kv_heads: int, capacity: int, width: int):
+    """Flat cache rows of slots [0, width) of every (b, h): [B * Hkv * width] int32, order (b, h, slot).
+
+    Worked example: B=1, Hkv=2, S=8, width=3 -> [0, 1, 2, 8, 9, 10]. All inputs are static, so in a
+    graph this is a compile-time constant.
+    """
+    heads = ops.arange(batch * num_kv_heads, dtype=ms.int32).reshape(-1, 1)
+    return (heads * capacity + ops.arange(width, dtype=ms.int32).reshape(1, width)).reshape(-1)
+
+
 class KVCache(nn.Cell):
     """One layer's K and V caches as Parameters of shape [B*Hkv*S, D] (see module doc)."""
 
@@ -42,15 +56,21 @@ class KVCache(nn.Cell):
         self.v_cache = Parameter(Tensor(np.zeros(shape), dtype), name="v_cache", requires_grad=False)
         self.scatter = ops.ScatterUpdate()
 
-    def update(self, k, v, rows):
-        """Write k, v [B, Hkv, N, D] at flat ``rows`` [B*Hkv*N]; return the full caches [B, Hkv, S, D]."""
+    def update(self, k, v, rows, width: int | None = None):
+        """Write k, v [B, Hkv, N, D] at flat ``rows`` [B*Hkv*N]; return slots [0, W) of the updated
+        caches as [B, Hkv, W, D] (W = ``width``, default S: the whole cache).
+
+        The window is one gather of the rows ``window_rows(B, Hkv, S, W)`` from each flat Parameter,
+        ordered after the scatter by MindSpore's side-effect ordering (auto-monad). It copies only the
+        W slots attention reads; reshaping the whole Parameter instead would copy all S slots.
+        """
         d = self.head_dim
-        k_done = self.scatter(self.k_cache, rows, k.reshape(-1, d).astype(self.k_cache.dtype))
-        v_done = self.scatter(self.v_cache, rows, v.reshape(-1, d).astype(self.v_cache.dtype))
-        k_all = ops.depend(self.k_cache, k_done)
-        v_all = ops.depend(self.v_cache, v_done)
-        shape = (self.batch, self.num_kv_heads, self.capacity, d)
-        return k_all.reshape(shape), v_all.reshape(shape)
+        self.scatter(self.k_cache, rows, k.reshape(-1, d).astype(self.k_cache.dtype))
+        self.scatter(self.v_cache, rows, v.reshape(-1, d).astype(self.v_cache.dtype))
+        w = self.capacity if width is None else width
+        window = window_rows(self.batch, self.num_kv_heads, self.capacity, w)  # constant, folded
+        shape = (self.batch, self.num_kv_heads, w, d)
+        return ops.gather(self.k_cache, window, 0).reshape(shape), ops.gather(self.v_cache, window, 0).reshape(shape)
 
     def move(self, src_rows, dst_rows):
         """Copy rows ``src_rows`` to ``dst_rows`` (both [K] int32) in K and V; gathers happen first.

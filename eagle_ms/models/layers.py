@@ -69,21 +69,39 @@ def rope_inv_freq(head_dim: int, theta: float) -> np.ndarray:
 
 
 class Rotary(nn.Cell):
-    """Rotary embedding, rotate-half convention. position_ids [B, N] -> (cos, sin) [B, 1, N, D]."""
+    """Rotary embedding tables, rotate-half convention: position_ids [B, N] -> (cos, sin) [B, 1, N, D].
+
+    ``sin`` carries rotate-half's sign: its first D/2 entries are negated, so that ``apply_rope`` needs
+    only a swap of the two halves (no negation, no concat). Worked example (D=4, one position, angles
+    a0, a1): cos = [cos a0, cos a1, cos a0, cos a1], sin = [-sin a0, -sin a1, sin a0, sin a1].
+    """
 
     def __init__(self, head_dim: int, theta: float):
         super().__init__()
         self.inv_freq = Tensor(rope_inv_freq(head_dim, theta))  # constant, not a Parameter (not saved)
+        half = head_dim // 2
+        self.sign = Tensor(np.concatenate([-np.ones(half), np.ones(half)]).astype(np.float32))  # [D]
 
     def construct(self, position_ids):
         freqs = position_ids.astype(ms.float32).expand_dims(-1) * self.inv_freq  # [B, N, D/2]
         emb = ops.concat((freqs, freqs), axis=-1).expand_dims(1)  # [B, 1, N, D]
-        return ops.cos(emb), ops.sin(emb)
+        return ops.cos(emb), ops.sin(emb) * self.sign
+
+
+def swap_halves(x):
+    """[..., D] -> [..., D] with the two halves exchanged: [x1, x2] -> [x2, x1] (one flip kernel).
+
+    Worked example: [1, 2, 3, 4] -> [3, 4, 1, 2].
+    """
+    shape = x.shape
+    return ops.flip(x.reshape(shape[:-1] + (2, shape[-1] // 2)), (-2,)).reshape(shape)
 
 
 def apply_rope(x, cos, sin):
-    """x [B, H, N, D] rotated by position: x*cos + rotate_half(x)*sin (fp32 math)."""
-    half = x.shape[-1] // 2
+    """x [B, H, N, D] rotated by position: x*cos + rotate_half(x)*sin_plain (fp32 math).
+
+    With ``Rotary``'s signed sin, rotate_half(x)*sin_plain = [-x2, x1]*sin_plain = swap_halves(x)*sin:
+    the same products, so the same values.
+    """
     xf = x.astype(ms.float32)
-    rotated = ops.concat((-xf[..., half:], xf[..., :half]), axis=-1)
-    return (xf * cos + rotated * sin).astype(x.dtype)
+    return (xf * cos + swap_halves(xf) * sin).astype(x.dtype)
