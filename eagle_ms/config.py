@@ -290,7 +290,7 @@ class SpeculativeConfig:
     max_depth: int = 10  # Dmax
     top_k: int = 4
     mode: str = "performance"  # reference | performance (env EAGLE_MS_MODE overrides)
-    step: str = "device"  # device: draft + verify graphs, tokens to the host | host: host-driven step
+    step: str = "host"  # host: host-driven step | device: draft + verify graphs, tokens to the host
     draft_window: int | None = None  # keep only the last W tokens of draft context (None = full)
     min_path_prob: float = 0.0  # eagle3: stop drafting deeper once every frontier path's probability < this
     fallback_accept: float = 0.0  # teacher-only steps while the accept_L moving average is below this (0 = off)

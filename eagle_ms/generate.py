@@ -1,9 +1,9 @@
 """The one generation loop: prefill, then draft -> tensorize -> verify -> accept -> commit.
 
 Two implementations of the step, one loop (stop rules, fallback gate, emission, traces):
-  * the device step (eagle_ms/device_step.py, ``speculative.step: device``, the default): one draft graph
+  * the device step (eagle_ms/device_step.py, ``speculative.step: device``): one draft graph
     call and one verify+accept+commit graph call; the host reads only the packed tokens;
-  * the host-driven step (eagle_ms/host_step.py, ``speculative.step: host``): host tree build, host masks,
+  * the host-driven step (eagle_ms/host_step.py, ``speculative.step: host``, the default): host tree build, host masks,
     logits and aux copied to the host; the reference the device step is compared with.
 
 Teacher-only greedy decoding is this same loop with no drafter: the "tree" is the root alone
