@@ -136,8 +136,8 @@ class SafetensorsFile:
     def view(self, key: str) -> np.ndarray:
         """Tensor ``key`` as a read-only array over the file's memory map: no copy (BF16 is widened to a
         float32 copy). The file is mapped once, at the first view, while this object or a view lives; a
-        file replaced meanwhile (an atomic rename, eagle_ms/files.py) keeps serving the mapped bytes. Truncating the mapped file
-        in place is undefined (SIGBUS), as for any memory-mapped reader."""
+        file replaced meanwhile (an atomic rename, eagle_ms/files.py) keeps serving the mapped bytes.
+        Truncating the mapped file in place is undefined (SIGBUS), as for any memory-mapped reader."""
         if key not in self.tensors:
             raise CheckpointError(f"{self.path}: no tensor '{key}'")
         if self._map is None:
