@@ -118,11 +118,12 @@ class DeviceTreeDrafter:
         self.drafter.follow_device(length)
         return DeviceTree(*outputs, committed_len=length, budget=self.params.budget, max_depth=d)
 
-    def warm_up(self) -> None:
-        """Compile the graph of every attention window. Each call has A = -1, so it writes only scratch
-        slots and stores the root pair it read; the drafter is left empty (``begin`` comes next)."""
+    def warm_up(self, windows=None) -> None:
+        """Compile the graph of every attention window (or of ``windows``). Each call has A = -1, so it
+        writes only scratch slots and stores the root pair it read; the drafter is left empty (``begin``
+        comes next)."""
         aux = np.zeros((1, self.params.max_depth + 1, self.aux_width), np.float32)
-        for w in self.drafter.attention_windows:
+        for w in self.drafter.attention_windows if windows is None else windows:
             self.graph(w)(Tensor(no_step_result(self.params.max_depth)), Tensor(aux), Tensor(np.array([w], np.int32)))
         self.drafter.length = 0
 
