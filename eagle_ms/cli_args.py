@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import os
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from eagle_ms.config import DECODE_MODES, DRAFTS, STEPS, GenerationConfig, RuntimeConfig, SpeculativeConfig
 from eagle_ms.config_yaml import parse_overrides
@@ -32,6 +33,15 @@ def _null_or_int(text: str) -> int | None:
         raise argparse.ArgumentTypeError(f"expected an integer or 'none', got {text!r}") from None
 
 
+def _auto_or_float(text: str) -> float | str:
+    if text.lower() == "auto":
+        return "auto"
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'auto', got {text!r}") from None
+
+
 @dataclass(frozen=True)
 class Flag:
     """One decoding flag: the config key it sets and its help text."""
@@ -40,6 +50,7 @@ class Flag:
     help: str
     nullable: bool = False  # the flag can set the key to null ('none')
     name: str | None = None  # the option when it is not --<field> (a field name two sections share)
+    parse: Callable[[str], Any] | None = None  # the argparse type when the field's default does not give it
 
     @property
     def field(self) -> str:
@@ -71,7 +82,8 @@ DECODE_FLAGS = (
     Flag("speculative.max_depth", "Dmax: tree depth bound"),
     Flag("speculative.top_k", "k: children per expanded draft node"),
     Flag("speculative.min_path_prob", "eagle3 depth cut"),
-    Flag("speculative.fallback_accept", "teacher-only steps while the mean accept_L is below this"),
+    Flag("speculative.fallback_accept", "teacher-only steps while the mean accept_L is below this; 'auto' = "
+         "the break-even measured from step times", parse=_auto_or_float),
     Flag("speculative.mode", "reference (all checks) or performance"),
     Flag("speculative.step", "device (draft + verify graphs, tokens to the host) or host (host-driven step)"),
     Flag("speculative.draft_window", "keep the last W tokens of draft context, or 'none'", nullable=True),
@@ -80,6 +92,8 @@ _CHOICES = {"speculative.draft": DRAFTS, "speculative.mode": DECODE_MODES, "spec
 
 
 def _argparse_type(flag: Flag):
+    if flag.parse is not None:
+        return flag.parse
     if flag.nullable:
         return _null_or_int
     default = {f.name: f.default for f in dataclasses.fields(_SECTIONS[flag.key.split(".")[0]])}[flag.field]

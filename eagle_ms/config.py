@@ -73,9 +73,9 @@ def check_min_path_prob(value: Any) -> None:
 
 
 def check_fallback(min_accept: Any, fallback_steps: Any) -> None:
-    """speculative.fallback_accept (a number >= 0) and fallback_steps (an integer >= 1)."""
-    if isinstance(min_accept, bool) or not isinstance(min_accept, (int, float)) or not min_accept >= 0:
-        fail("speculative.fallback_accept", min_accept, "must be a number >= 0")
+    """speculative.fallback_accept ('auto' or a number >= 0) and fallback_steps (an integer >= 1)."""
+    if min_accept != "auto" and (isinstance(min_accept, bool) or not isinstance(min_accept, (int, float)) or not min_accept >= 0):
+        fail("speculative.fallback_accept", min_accept, "must be 'auto' (measured break-even) or a number >= 0")
     if isinstance(fallback_steps, bool) or not isinstance(fallback_steps, int) or fallback_steps < 1:
         fail("speculative.fallback_steps", fallback_steps, "must be an integer >= 1")
 
@@ -293,7 +293,7 @@ class SpeculativeConfig:
     step: str = "host"  # host: host-driven step | device: draft + verify graphs, tokens to the host
     draft_window: int | None = None  # keep only the last W tokens of draft context (None = full)
     min_path_prob: float = 0.0  # eagle3: stop drafting deeper once every frontier path's probability < this
-    fallback_accept: float = 0.0  # teacher-only steps while the accept_L moving average is below this (0 = off)
+    fallback_accept: float | str = 0.0  # fall back while mean accept_L < this (0 = off; auto = measured c - 1)
     fallback_steps: int = 16  # teacher-only steps per fallback period before the next speculative probe
     test_draft_error_rate: float = 0.3  # test drafter: chance a draft token is corrupted
     test_draft_branching: int = 2  # test drafter: max children per node

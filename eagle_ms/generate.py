@@ -27,6 +27,8 @@ Low-acceptance fallback (``fallback_accept`` > 0, eagle_ms/fallback.py): while t
 accept_L is below it, steps are teacher-only (N = 1) and the drafter is not called; the committed tokens
 and their aux features are buffered and handed to ``drafter.observe`` in one call just before the next
 speculative step (so the drafter's context stays complete). With no fallback every step observes at once.
+With ``fallback_accept: auto`` the bar is the break-even accept_L measured from the step times of this
+and earlier generations (``DecodeSettings.step_costs``).
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ import numpy as np
 
 from eagle_ms.config import GREEDY, SamplingParams
 from eagle_ms.device_step import DeviceSteps
-from eagle_ms.fallback import SpeculationGate
+from eagle_ms.fallback import SpeculationGate, StepCosts
 from eagle_ms.host_step import HostSteps
 from eagle_ms.metrics import tau
 from eagle_ms.teacher import TeacherRunner
@@ -72,9 +74,11 @@ class DecodeSettings:
     reference_checks: bool = False  # invariants before every verify + commit equivalence after every commit
     run_dir: str | None = None  # where failure dumps go
     on_step: Callable[["StepRecord"], None] | None = None  # called after every verify step (traces)
-    fallback_accept: float = 0.0  # teacher-only steps while the accept_L average is below this (0 = never)
+    fallback_accept: float | str = 0.0  # teacher-only steps while the accept_L average is below this (0 = never;
+    #                                      "auto": the break-even of ``step_costs``, eagle_ms/fallback.py)
     fallback_steps: int = 16  # teacher-only steps per fallback period
     sampling: SamplingParams = GREEDY  # temperature 0 = greedy; else position-keyed sampling
+    step_costs: StepCosts | None = None  # measured step seconds, shared by a Session's runs (fallback "auto")
 
 
 @dataclass
@@ -98,6 +102,7 @@ class GenerationResult:
     prefill_s: float
     total_s: float
     draft_prefill_s: float = 0.0  # drafter.begin (draft model over the prompt)
+    fallback_bar: float = 0.0  # the gate's accept_L bar at the end (measured with fallback_accept "auto")
 
     @property
     def verify_steps(self) -> int:
@@ -143,7 +148,7 @@ def generate(runner: TeacherRunner, prompt_ids, settings: DecodeSettings, drafte
     prefill_s = time.perf_counter() - t0 - draft_prefill_s
     tokens: list[int] = []
     steps: list[StepRecord] = []
-    gate = SpeculationGate(settings.fallback_accept, settings.fallback_steps)
+    gate = SpeculationGate(settings.fallback_accept, settings.fallback_steps, settings.step_costs)
     stop = _emit(tokens, np.array([root]), settings)
     while stop is None:
         if runner.length + 1 > runner.capacity:
@@ -157,10 +162,12 @@ def generate(runner: TeacherRunner, prompt_ids, settings: DecodeSettings, drafte
             if gate.speculate():
                 engine.observe(root)
         out.clock.lap("observe")
+        if settings.step_costs is not None:
+            settings.step_costs.record(out.drafted, sum(out.clock.stages.values()))
         record = StepRecord(out.tree_nodes, out.tree_depth, out.accepted_len, out.node_ids.tolist(), out.copied,
                             out.clock.stages)
         steps.append(record)
         if settings.on_step is not None:
             settings.on_step(record)
     return GenerationResult(int(prompt_ids.size), tokens, stop, steps, prefill_s, time.perf_counter() - t0,
-                            draft_prefill_s)
+                            draft_prefill_s, gate.min_accept)

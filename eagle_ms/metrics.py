@@ -17,6 +17,11 @@ Inputs are plain numbers taken from traces; nothing here runs a model.
   earlier steps``, buckets of ``POSITION_BUCKET`` tokens; per bucket: drafted steps (teacher-only steps
   advance the position but are left out), their mean accept_L and tau. Shows where in a long context
   acceptance decays (a draft trained on short sequences, a teacher past its training length).
+- step costs (fallback-off runs): ``t_dec`` = mean baseline seconds per decoded token (wall time minus
+  prefill, over the tokens after the prefill's); ``t_ver`` = mean verify-stage seconds of the drafted EA
+  steps; ``overhead`` = mean seconds of the other stages of those steps (draft, tensorize, mask, accept,
+  commit, observe). ``bound`` = tau_drafted * t_dec / t_ver is the speedup with free drafting and free host
+  work; ``efficiency`` = mean per-turn speedup / bound (1 = the tree's whole gain reaches the user).
 - exactness = share of turns whose EA tokens equal the baseline tokens exactly (same length too).
 - margin at a mismatch = teacher logit top-1 minus top-2 at the first differing position, from a
   teacher forward over prompt + common prefix (a small margin = a numerical near-tie).
@@ -95,6 +100,18 @@ def tokens_per_s(n_tokens: int, wall_s: float) -> float:
 def speedup(ea_tokens_per_s: float, baseline_tokens_per_s: float) -> float | None:
     """Per-turn speedup; None when the baseline rate is zero (nothing generated)."""
     return ea_tokens_per_s / baseline_tokens_per_s if baseline_tokens_per_s > 0 else None
+
+
+def step_costs(baseline_decode_s: Sequence[float], verify_s: Sequence[float], overhead_s: Sequence[float],
+               tau_drafted: float | None, speedup_mean: float | None) -> dict:
+    """t_dec / t_ver / overhead in ms, the free-drafting bound and the efficiency (module doc); None where
+    an input is missing."""
+    t_dec, t_ver, over = (float(np.mean(v)) if len(v) else None for v in (baseline_decode_s, verify_s, overhead_s))
+    bound = tau_drafted * t_dec / t_ver if None not in (tau_drafted, t_dec, t_ver) and t_ver > 0 else None
+    return {"t_dec_ms": None if t_dec is None else 1e3 * t_dec, "t_ver_ms": None if t_ver is None else 1e3 * t_ver,
+            "overhead_ms": None if over is None else 1e3 * over,
+            "overhead_over_t_dec": over / t_dec if over is not None and t_dec else None,
+            "bound": bound, "efficiency": speedup_mean / bound if bound and speedup_mean is not None else None}
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:

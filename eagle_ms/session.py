@@ -19,6 +19,8 @@ from eagle_ms.generate import GenerationResult, generate
 from eagle_ms.runtime import (build_eagle3_drafter, build_runner, build_test_drafter, decode_mode, decode_settings,
                               load_tokenizer)
 
+COST_PROBE_TOKENS = 8  # teacher-only tokens Session.generate decodes (untimed) to measure t_dec for "auto"
+
 
 class Session:
     """``run_dir``: where failure dumps (malformed trees, invariant failures) are written; None = no dumps."""
@@ -97,6 +99,9 @@ class Session:
         if warm_up:
             self.warm_up()
         drafter = self.make_drafter(prompt_ids)
+        costs = self.settings.step_costs
+        if drafter is not None and costs is not None and costs.decode_s is None:
+            self.run(prompt_ids, max_new_tokens=COST_PROBE_TOKENS)  # untimed: t_dec for fallback_accept auto
         result = self.run(prompt_ids, drafter)
         return report_dict(result, self.mode, self.cfg.speculative.draft)
 
@@ -112,6 +117,7 @@ def report_dict(result: GenerationResult, mode: str, draft: str) -> dict:
         "tau": result.tau,
         "prefill_s": result.prefill_s,
         "total_s": result.total_s,
+        "fallback_bar": result.fallback_bar,
         "mode": mode,
         "draft": draft,
     }

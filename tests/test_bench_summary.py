@@ -140,6 +140,11 @@ def test_summary_of_synthetic_traces(tmp_path):
     assert st["other"]["mean_ms"] == approx(1e3 * (0.025 + 0.01) / 2)
     assert s["by_dataset"]["mt_bench"]["speedup_mean"] == approx(1.5)
     assert s["by_dataset"]["humaneval"]["exactness"] == 0.0
+    # t_dec: baseline (total - prefill) / (tokens - 1): A 0.04 / 3, B 0.02 / 2 -> mean 11.667 ms; every step
+    # drafted with verify 4 ms and draft 1 ms; bound = tau 2.4 * 11.667 / 4 = 7.0; efficiency 1.25 / 7
+    assert s["costs"] == {"t_dec_ms": approx(35 / 3), "t_ver_ms": approx(4.0), "overhead_ms": approx(1.0),
+                          "overhead_over_t_dec": approx(3 / 35), "bound": approx(7.0),
+                          "efficiency": approx(1.25 / 7.0)}
 
 
 def test_teacher_only_steps_are_counted(tmp_path):

@@ -94,6 +94,12 @@ def test_fallback_flag_reaches_the_loop(baseline):
     proc = run_cli("generate", "--config", TINY, "--prompt", "x", "--fallback-accept", "-1")
     assert proc.returncode == 2
     assert "speculative.fallback_accept" in proc.stderr and "Traceback" not in proc.stderr
+    # 'auto': Session.generate measures t_dec first (an untimed teacher-only run), so the bar is known
+    auto = generate_json("--runtime-seed", "3", "--draft", "test", "--budget", "8", "--max-depth", "4",
+                         "--fallback-accept", "auto")
+    assert auto["tokens"] == baseline["tokens"] and 0 <= auto["fallback_bar"] < float("inf")
+    proc = run_cli("generate", "--config", TINY, "--prompt", "x", "--fallback-accept", "often")
+    assert proc.returncode == 2 and "'auto'" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_decoding_flags_are_the_config_fields_they_set():

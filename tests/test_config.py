@@ -86,6 +86,20 @@ def test_cross_checks_budget_and_depth_fit_capacity():
         config_from_dict(data)
 
 
+def test_fallback_auto_gives_each_session_a_cost_model():
+    from eagle_ms.fallback import StepCosts
+    from eagle_ms.runtime import decode_settings
+
+    data = json.loads(json.dumps(BASE))
+    data["speculative"] = {"draft": "test", "fallback_accept": "auto"}
+    cfg = config_from_dict(data)
+    assert cfg.speculative.fallback_accept == "auto"
+    first, second = decode_settings(cfg), decode_settings(cfg)
+    assert isinstance(first.step_costs, StepCosts) and first.step_costs is not second.step_costs
+    data["speculative"]["fallback_accept"] = 2.5
+    assert decode_settings(config_from_dict(data)).step_costs is None
+
+
 def test_eagle3_requires_draft_path():
     data = json.loads(json.dumps(BASE))
     data["speculative"] = {"draft": "eagle3"}

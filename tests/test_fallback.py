@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from eagle_ms.fallback import SpeculationGate
+from eagle_ms.fallback import SpeculationGate, StepCosts
 
 
 def decisions(gate, accepts):
@@ -46,8 +46,54 @@ def test_recovers_after_good_probes():
 
 
 @pytest.mark.parametrize("min_accept, steps, key", [(-0.5, 4, "fallback_accept"), (float("nan"), 4, "fallback_accept"),
-                                                    ("2", 4, "fallback_accept"), (1.0, 0, "fallback_steps"),
+                                                    ("2", 4, "fallback_accept"), ("Auto", 4, "fallback_accept"),
+                                                    (1.0, 0, "fallback_steps"),
                                                     (1.0, 1.5, "fallback_steps"), (1.0, True, "fallback_steps")])
 def test_bad_settings_name_the_key(min_accept, steps, key):
     with pytest.raises(ValueError, match=f"speculative.{key}"):
         SpeculationGate(min_accept, steps)
+
+
+# ------------------------------------------------------------------------------ the measured bar ("auto")
+
+def costs_of(*steps):
+    """A StepCosts fed (drafted, seconds) steps in order."""
+    costs = StepCosts()
+    for drafted, seconds in steps:
+        costs.record(drafted, seconds)
+    return costs
+
+
+def test_step_costs_moving_averages_by_hand():
+    costs = costs_of((True, 0.030))
+    assert costs.break_even is None  # no teacher-only step seen yet
+    costs.record(False, 0.010)
+    assert costs.break_even == pytest.approx(0.030 / 0.010 - 1)  # 2.0
+    costs.record(True, 0.050)  # 0.1 * 0.050 + 0.9 * 0.030 = 0.032
+    costs.record(False, 0.020)  # 0.1 * 0.020 + 0.9 * 0.010 = 0.011
+    assert (costs.speculative_s, costs.decode_s) == pytest.approx((0.032, 0.011))
+    assert costs.break_even == pytest.approx(0.032 / 0.011 - 1)
+    assert costs.counts == {"speculative": 2, "decode": 2}
+
+
+def test_break_even_is_never_negative():
+    assert costs_of((True, 0.005), (False, 0.010)).break_even == 0.0
+
+
+def test_auto_gate_uses_the_measured_bar():
+    # t_spec / t_dec = 4 -> bar 3: the doc example's accepts then fall back where a fixed 3.0 would
+    costs = costs_of((True, 0.040), (False, 0.010))
+    auto_kinds, _ = decisions(SpeculationGate("auto", 1, costs), [0, 8, 8, 2, 0, 0])
+    fixed_kinds, _ = decisions(SpeculationGate(3.0, 1), [0, 8, 8, 2, 0, 0])
+    assert auto_kinds == fixed_kinds == "DT" "D" "D" "D" "DT" "D"
+
+
+def test_auto_gate_drafts_while_the_costs_are_unknown():
+    gate = SpeculationGate("auto", 4, StepCosts())
+    kinds, _ = decisions(gate, [0] * 6)
+    assert kinds == "D" * 6 and gate.min_accept == 0.0
+
+
+def test_auto_gate_needs_costs():
+    with pytest.raises(ValueError, match="speculative.fallback_accept"):
+        SpeculationGate("auto", 4)

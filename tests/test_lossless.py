@@ -14,6 +14,7 @@ import pytest
 from helpers_models import TINY, build_teacher, make_runner, prompt
 from numpy_reference import reference_forward
 
+from eagle_ms.fallback import StepCosts
 from eagle_ms.generate import DecodeSettings, generate
 from eagle_ms.oracle_drafter import OracleDrafter
 
@@ -124,6 +125,29 @@ def test_stop_on_max_new_tokens_mid_accept(big):
         assert res.tokens == want and res.stop_reason == "max_new_tokens"
         if max_new == 1:
             assert res.verify_steps == 0  # the prefill's token is already the whole answer
+
+
+# ------------------------------------------------------------------------------ measured fallback bar
+
+@pytest.mark.parametrize("seeded_s, always_drafts", [((1e3, 1e-3), False), ((1e-9, 1.0), True)],
+                         ids=["drafting-hopeless", "drafting-free"])
+def test_measured_fallback_bar_drives_the_loop(big, seeded_s, always_drafts):
+    """``fallback_accept: auto`` with step costs seeded so that drafting looks hopeless (bar ~1e6) or free
+    (bar 0). The loop's real step times move each average by 10 % per step, far too little to cross either
+    bar in 40 tokens, so the steps are those of a fixed bar of inf (a probe every 3rd step) or of 0; the
+    loop feeds every step's time to the costs; the output is the teacher-only one either way."""
+    costs = StepCosts()
+    costs.record(True, seeded_s[0])
+    costs.record(False, seeded_s[1])
+    settings = DecodeSettings(budget=16, max_depth=4, max_new_tokens=NEW_TOKENS, fallback_accept="auto",
+                              fallback_steps=2, step_costs=costs)
+    drafter = OracleDrafter(big.baseline("p9").tokens, TINY.vocab_size, 16, 4, error_rate=0.0, seed=1)
+    res = generate(big.runner(4), PROMPTS["p9"], settings, drafter)
+    assert res.tokens == big.baseline("p9").tokens
+    drafted = [s.tree_nodes > 0 for s in res.steps]
+    assert drafted == ([True] * len(drafted) if always_drafts else [j % 3 == 0 for j in range(len(drafted))])
+    assert costs.counts == {"speculative": 1 + sum(drafted), "decode": 1 + len(drafted) - sum(drafted)}
+    assert res.fallback_bar == (0.0 if always_drafts else pytest.approx(costs.break_even))
 
 
 # ------------------------------------------------------------------------------ EOS

@@ -101,7 +101,7 @@ def build_manifest(cfg, session_mode: str, opts: BenchOptions, turns: list[TurnS
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "mode": session_mode,
         "profile": opts.profile,
-        "run": {"draft": spec.draft, "budget": spec.budget, "max_depth": spec.max_depth, "top_k": spec.top_k,
+        "run": {"draft": spec.draft, "step": spec.step, "budget": spec.budget, "max_depth": spec.max_depth, "top_k": spec.top_k,
                 "draft_window": spec.draft_window, "min_path_prob": spec.min_path_prob,
                 "fallback_accept": spec.fallback_accept, "fallback_steps": spec.fallback_steps,
                 "max_new_tokens": cfg.generation.max_new_tokens, "temperature": cfg.generation.temperature,
@@ -144,6 +144,7 @@ def _run_record(result, ea: bool) -> dict:
            "verify_steps": result.verify_steps}
     if ea:
         rec["tau"] = result.tau
+        rec["fallback_bar"] = result.fallback_bar
     return rec
 
 

@@ -58,6 +58,15 @@ def _stage_samples(ok: list[tuple[dict, list[dict]]]) -> dict:
     return {k: v for k, v in samples.items() if v}
 
 
+def _costs(ok, tau_drafted, speedup_mean) -> dict:
+    """metrics.step_costs from the traces: baseline decode seconds per token, drafted steps' stages."""
+    decode = [(h["baseline"]["total_s"] - h["baseline"]["prefill_s"]) / (h["baseline"]["n_tokens"] - 1)
+              for h, _ in ok if h["baseline"]["n_tokens"] > 1]
+    drafted = [s["stage_s"] for _, st in ok for s in st if s["tree_nodes"] > 0]
+    return metrics.step_costs(decode, [d.get("verify", 0.0) for d in drafted],
+                              [sum(d.values()) - d.get("verify", 0.0) for d in drafted], tau_drafted, speedup_mean)
+
+
 def _table1(ok, flat_accept) -> dict:
     return {"baseline_tokens_per_s": metrics.describe(h["baseline"]["tokens_per_s"] for h, _ in ok),
             "ea_tokens_per_s": metrics.describe(h["ea"]["tokens_per_s"] for h, _ in ok),
@@ -101,6 +110,7 @@ def summarize(run_dir: str) -> dict:
     expected = [t["key"] for t in manifest.get("turns", [])]
     present = {h["key"] for h, _ in traces}
     overall = _group(ok, max_depth)
+    tau_drafted = metrics.tau([s["accepted_len"] for _, st in ok for s in st if s["tree_nodes"] > 0])
     datasets = list(dict.fromkeys(h["dataset"] for h, _ in traces))
     return {
         "kind": "bench",
@@ -115,7 +125,8 @@ def summarize(run_dir: str) -> dict:
                                                    if not os.path.exists(trace.rank_marker_path(run_dir, r))]},
         **{k: overall[k] for k in ("table1", "speedup_of_means", "tau", "verify_steps")},
         "teacher_only_steps": sum(s["tree_nodes"] == 0 for _, st in ok for s in st),
-        "tau_drafted": metrics.tau([s["accepted_len"] for _, st in ok for s in st if s["tree_nodes"] > 0]),
+        "tau_drafted": tau_drafted,
+        "costs": _costs(ok, tau_drafted, overall["table1"]["speedup"]["mean"]),
         "accept_pos": [{"depth": d + 1, "share": v} for d, v in enumerate(overall["accept_pos"])],
         "accept_by_position": _accept_by_position(ok),
         "exactness": {"share": overall["exactness"], "identical": overall["identical"], "turns": len(ok),
@@ -178,7 +189,7 @@ def render_markdown(s: dict) -> str:
     lines = ["# Benchmark summary", ""]
     if run.get("command"):
         lines += ["Command:", "", "```", run["command"], "```", ""]
-    lines += [f"draft `{run.get('draft')}`, mode `{run.get('mode')}`, M={run.get('budget')}, "
+    lines += [f"draft `{run.get('draft')}`, step `{run.get('step', 'host')}`, mode `{run.get('mode')}`, M={run.get('budget')}, "
               f"Dmax={run.get('max_depth')}, top_k={run.get('top_k')}, draft_window={run.get('draft_window')}, "
               f"max_new_tokens={run.get('max_new_tokens')}, {_choice(run)}, datasets {run.get('datasets')}, "
               f"world_size {run.get('world_size')}, git {str(run.get('git_commit'))[:12]}"
@@ -220,6 +231,11 @@ def render_markdown(s: dict) -> str:
           fmt(g["speedup_mean"], 2, "x"), fmt(g["speedup_p50"], 2, "x"), fmt(g["accept_L_mean"]), fmt(g["tau"]),
           fmt(g["exactness"], 3)] for d, g in s["by_dataset"].items()])
     lines += ["", "## Stage breakdown (EA runs)", ""] + _md_stages(s["stages"])
+    c = s["costs"]
+    lines += ["", f"Step costs: t_dec {fmt(c['t_dec_ms'], 2)} ms per baseline token, t_ver {fmt(c['t_ver_ms'], 2)} "
+              f"ms per drafted verify, overhead {fmt(c['overhead_ms'], 2)} ms per drafted step "
+              f"({fmt(c['overhead_over_t_dec'], 2)} t_dec); free-drafting bound tau_drafted * t_dec / t_ver = "
+              f"{fmt(c['bound'], 2, 'x')}; efficiency (mean speedup / bound) {fmt(c['efficiency'], 3)}."]
     if s["failures"]:
         lines += ["", "## Failures", ""] + md_table(
             ["turn", "status", "phase", "error", "dump"],
