@@ -38,7 +38,10 @@ def fail(key: str, value: Any, why: str, kind: str = "config key") -> NoReturn:
     raise ValueError(f"{kind} '{key}' = {value!r}: {why}")
 
 
-def check_int(key: str, value: Any, minimum: int | None = None) -> None:
+def check_int(key: str, value: Any, minimum: int | None = None, optional: bool = False) -> None:
+    """An integer (>= ``minimum`` when given); ``optional``: None is accepted too."""
+    if optional and value is None:
+        return
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         fail(key, value, "must be an integer")
     if minimum is not None and value < minimum:
@@ -82,8 +85,7 @@ def check_fallback(min_accept: Any, fallback_steps: Any) -> None:
 
 def check_draft_window(value: Any) -> None:
     """speculative.draft_window: None (whole context) or an integer >= 1."""
-    if value is not None:
-        check_int("speculative.draft_window", value, 1)
+    check_int("speculative.draft_window", value, 1, optional=True)
 
 
 SEED_LIMIT = 2 ** 32  # generation.seed is one uint32 word of the sampling hash (eagle_ms/sampling.py)
@@ -91,8 +93,8 @@ MIN_TEMPERATURE = 1e-6  # below this (but > 0) logits / T can overflow float32: 
 
 
 def check_sampling(temperature: Any, top_k: Any, top_p: Any, seed: Any) -> None:
-    """generation.temperature (0 = greedy, else a finite number >= MIN_TEMPERATURE), top_k (an integer
-    >= 0, 0 = off), top_p (a number in (0, 1], 1 = off), seed (an integer in [0, 2**32))."""
+    """generation.temperature (0 = greedy, else finite >= MIN_TEMPERATURE), top_k (int >= 0, 0 = off), top_p
+    (in (0, 1], 1 = off), seed (int in [0, 2**32))."""
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not (
             temperature == 0 or MIN_TEMPERATURE <= temperature < float("inf")):
         fail("generation.temperature", temperature, f"must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE}")
@@ -240,6 +242,7 @@ class RuntimeConfig:
     prefill_chunk: int = 64  # prompts are prefilled in chunks of this many tokens (one compiled graph)
     seed: int = 0
     attention_windows: tuple[int, ...] | None = None  # attend only to slots [0, W), W = smallest window >= L+N
+    dispatch_threads: int | None = None  # MindSpore runtime threads (runtime.dispatch_threads_num); None = its default
 
     def __post_init__(self):
         check_choice("runtime.device_target", self.device_target, DEVICES)
@@ -248,6 +251,7 @@ class RuntimeConfig:
         check_int("runtime.batch_size", self.batch_size, 1)
         check_int("runtime.prefill_chunk", self.prefill_chunk, 1)
         check_int("runtime.seed", self.seed, 0)
+        check_int("runtime.dispatch_threads", self.dispatch_threads, 1, optional=True)
         if self.prefill_chunk > self.seq_length:
             fail("runtime.prefill_chunk", self.prefill_chunk, f"must be <= seq_length {self.seq_length}")
         if self.attention_windows is not None:
@@ -338,11 +342,8 @@ class EagleMsConfig:
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
-        return {
-            "model": {"model_config": d["model"], "checkpoint": d["checkpoint"]},
-            "tokenizer": d["tokenizer"], "runtime": d["runtime"],
-            "generation": d["generation"], "speculative": d["speculative"],
-        }
+        return {"model": {"model_config": d["model"], "checkpoint": d["checkpoint"]}, "tokenizer": d["tokenizer"],
+                "runtime": d["runtime"], "generation": d["generation"], "speculative": d["speculative"]}
 
 
 def config_from_dict(data: Mapping[str, Any], source: str | None = None) -> EagleMsConfig:
@@ -381,14 +382,11 @@ def config_from_dict(data: Mapping[str, Any], source: str | None = None) -> Eagl
     if source and isinstance(spec.get("draft_path"), str):
         spec["draft_path"] = resolve_path(spec["draft_path"], source)
     return EagleMsConfig(
-        model=build_section(ModelConfig, mc, "model.model_config"),
-        checkpoint=checkpoint,
+        model=build_section(ModelConfig, mc, "model.model_config"), checkpoint=checkpoint,
         tokenizer=build_section(TokenizerConfig, tok, "tokenizer"),
         runtime=build_section(RuntimeConfig, data.get("runtime"), "runtime"),
         generation=build_section(GenerationConfig, data.get("generation"), "generation"),
-        speculative=build_section(SpeculativeConfig, spec, "speculative"),
-        source=source,
-    )
+        speculative=build_section(SpeculativeConfig, spec, "speculative"), source=source)
 
 
 def load_config(path: str, overrides: Mapping[str, Any] | None = None) -> EagleMsConfig:

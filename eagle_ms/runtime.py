@@ -22,13 +22,36 @@ ENV_MODE = "EAGLE_MS_MODE"  # reference | performance: overrides speculative.mod
 
 
 def setup_context(cfg: EagleMsConfig) -> None:
-    """Set MindSpore's device and execution mode and the global seeds."""
+    """Set MindSpore's device and execution mode, the runtime's dispatch threads and the global seeds."""
     import mindspore as ms
 
     ms.set_device(cfg.runtime.device_target)
     ms.set_context(mode=ms.GRAPH_MODE if cfg.runtime.exec_mode == "graph" else ms.PYNATIVE_MODE)
+    if cfg.runtime.dispatch_threads is not None:
+        set_dispatch_threads(cfg.runtime.dispatch_threads)
     ms.set_seed(cfg.runtime.seed)
     np.random.seed(cfg.runtime.seed)
+
+
+_DISPATCH_THREADS: list[int] = []  # the value this process set (MindSpore accepts one call per process)
+
+
+def set_dispatch_threads(threads: int) -> None:
+    """``mindspore.runtime.dispatch_threads_num(threads)``, once per process: MindSpore refuses a second
+    call, so asking again for the same number is a no-op and asking for another one is an error.
+
+    Why it matters on CPU: MindSpore's runtime dispatches every kernel of a graph through a pool of 5
+    threads by default; on a 2-core machine they contend with the kernels themselves. With 2, a warm demo
+    decode call took 0.72x the time (docs/teacher_profile.md)."""
+    import mindspore as ms
+
+    if _DISPATCH_THREADS:
+        if _DISPATCH_THREADS[0] != threads:
+            raise ValueError(f"config key 'runtime.dispatch_threads' = {threads}: this process already runs "
+                             f"with {_DISPATCH_THREADS[0]} (MindSpore sets it once per process)")
+        return
+    ms.runtime.dispatch_threads_num(threads)
+    _DISPATCH_THREADS.append(threads)
 
 
 def decode_mode(cfg: EagleMsConfig) -> str:

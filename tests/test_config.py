@@ -143,3 +143,19 @@ def test_hf_config_errors_name_the_file(tmp_path):
     (tmp_path / "config.json").write_text("[1, 2]")
     with pytest.raises(ValueError, match="config.json: not a JSON object"):
         model_config_from_hf(str(tmp_path))
+
+
+def test_dispatch_threads_are_set_once_per_process():
+    """conftest.py set 2 (as the shipped CPU configs): the same number again is a no-op, another is refused
+    naming the key; the config key itself takes None or an integer >= 1."""
+    from eagle_ms.runtime import set_dispatch_threads
+
+    set_dispatch_threads(2)
+    with pytest.raises(ValueError, match="runtime.dispatch_threads"):
+        set_dispatch_threads(3)
+    data = json.loads(json.dumps(BASE))
+    for bad in (0, 1.5, "two"):
+        data["runtime"] = {"dispatch_threads": bad}
+        with pytest.raises(ValueError, match="runtime.dispatch_threads"):
+            config_from_dict(data)
+    assert load_config(os.path.join(REPO, "configs", "demo.yaml")).runtime.dispatch_threads == 2
