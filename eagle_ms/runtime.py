@@ -40,9 +40,9 @@ def set_dispatch_threads(threads: int) -> None:
     """``mindspore.runtime.dispatch_threads_num(threads)``, once per process: MindSpore refuses a second
     call, so asking again for the same number is a no-op and asking for another one is an error.
 
-    Why it matters on CPU: MindSpore's runtime dispatches every kernel of a graph through a pool of 5
-    threads by default; on a 2-core machine they contend with the kernels themselves. With 2, a warm demo
-    decode call took 0.72x the time (docs/teacher_profile.md)."""
+    MindSpore's default pool has 5 threads. On the 2-core CPU, 2 threads made one warm graph called
+    repeatedly 0.7x as long, but a whole speculative generation 1.9x as long (docs/teacher_profile.md):
+    measure the loop, not one call, before setting it."""
     import mindspore as ms
 
     if _DISPATCH_THREADS:

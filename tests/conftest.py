@@ -11,10 +11,6 @@ import mindspore as ms  # noqa: E402
 ms.set_device("CPU")
 ms.set_context(mode=ms.GRAPH_MODE)
 
-from eagle_ms.runtime import set_dispatch_threads  # noqa: E402
-
-set_dispatch_threads(2)  # as configs/tiny.yaml and configs/demo.yaml (runtime.dispatch_threads)
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_DATA = os.path.join(os.path.dirname(REPO), "shared", "data")
 
