@@ -17,7 +17,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from eagle_ms.config import DECODE_MODES, DRAFTS, STEPS, GenerationConfig, RuntimeConfig, SpeculativeConfig
+from eagle_ms.config import (DECODE_MODES, DRAFTS, FALLBACK_AUTO, STEPS, GenerationConfig, RuntimeConfig,
+                             SpeculativeConfig)
 from eagle_ms.config_yaml import parse_overrides
 
 REPO_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
@@ -34,8 +35,8 @@ def _null_or_int(text: str) -> int | None:
 
 
 def _auto_or_float(text: str) -> float | str:
-    if text.lower() == "auto":
-        return "auto"
+    if text.lower() == FALLBACK_AUTO:
+        return FALLBACK_AUTO
     try:
         return float(text)
     except ValueError:

@@ -30,6 +30,7 @@ EXEC_MODES = ("graph", "pynative")
 DECODE_MODES = ("reference", "performance")
 DRAFTS = ("none", "test", "eagle3")
 STEPS = ("device", "host")  # speculative.step: where a decode step runs (eagle_ms/generate.py)
+FALLBACK_AUTO = "auto"  # speculative.fallback_accept: the bar measured from step times (eagle_ms/fallback.py)
 SECTIONS = ("model", "tokenizer", "runtime", "generation", "speculative")
 
 
@@ -77,7 +78,7 @@ def check_min_path_prob(value: Any) -> None:
 
 def check_fallback(min_accept: Any, fallback_steps: Any) -> None:
     """speculative.fallback_accept ('auto' or a number >= 0) and fallback_steps (an integer >= 1)."""
-    if min_accept != "auto" and (isinstance(min_accept, bool) or not isinstance(min_accept, (int, float)) or not min_accept >= 0):
+    if min_accept != FALLBACK_AUTO and (isinstance(min_accept, bool) or not isinstance(min_accept, (int, float)) or not min_accept >= 0):
         fail("speculative.fallback_accept", min_accept, "must be 'auto' (measured break-even) or a number >= 0")
     if isinstance(fallback_steps, bool) or not isinstance(fallback_steps, int) or fallback_steps < 1:
         fail("speculative.fallback_steps", fallback_steps, "must be an integer >= 1")

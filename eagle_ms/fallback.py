@@ -23,11 +23,10 @@ attention window grows) without a hand-set number.
 """
 from __future__ import annotations
 
-from eagle_ms.config import check_fallback
+from eagle_ms.config import FALLBACK_AUTO, check_fallback
 
 ALPHA = 0.5  # weight of the newest accept_L in the moving average
 COST_ALPHA = 0.1  # weight of the newest step's seconds in StepCosts' moving averages
-AUTO = "auto"  # speculative.fallback_accept: derive the bar from measured step costs
 
 
 class StepCosts:
@@ -41,26 +40,22 @@ class StepCosts:
     """
 
     def __init__(self):
-        self.speculative_s: float | None = None
-        self.decode_s: float | None = None
+        self.seconds: dict[str, float | None] = {"speculative": None, "decode": None}  # the moving averages
         self.counts = {"speculative": 0, "decode": 0}
 
     def record(self, drafted: bool, seconds: float) -> None:
         kind = "speculative" if drafted else "decode"
-        old = self.speculative_s if drafted else self.decode_s
-        new = seconds if old is None else COST_ALPHA * seconds + (1.0 - COST_ALPHA) * old
-        if drafted:
-            self.speculative_s = new
-        else:
-            self.decode_s = new
+        old = self.seconds[kind]
+        self.seconds[kind] = seconds if old is None else COST_ALPHA * seconds + (1.0 - COST_ALPHA) * old
         self.counts[kind] += 1
 
     @property
     def break_even(self) -> float | None:
         """The accept_L below which a speculative step yields fewer tokens per second than decoding."""
-        if self.speculative_s is None or not self.decode_s:
+        spec, dec = self.seconds["speculative"], self.seconds["decode"]
+        if spec is None or not dec:
             return None
-        return max(self.speculative_s / self.decode_s - 1.0, 0.0)
+        return max(spec / dec - 1.0, 0.0)
 
 
 class SpeculationGate:
@@ -69,10 +64,10 @@ class SpeculationGate:
 
     def __init__(self, min_accept: float | str = 0.0, fallback_steps: int = 16, costs: StepCosts | None = None):
         check_fallback(min_accept, fallback_steps)
-        if min_accept == AUTO and costs is None:
+        if min_accept == FALLBACK_AUTO and costs is None:
             raise ValueError("speculative.fallback_accept is 'auto' but no StepCosts was given to measure it")
-        self.costs = costs if min_accept == AUTO else None
-        self._fixed = 0.0 if min_accept == AUTO else float(min_accept)
+        self.costs = costs if min_accept == FALLBACK_AUTO else None
+        self._fixed = 0.0 if min_accept == FALLBACK_AUTO else float(min_accept)
         self.fallback_steps = fallback_steps
         self.average: float | None = None
         self.remaining = 0  # teacher-only steps left in the current fallback period

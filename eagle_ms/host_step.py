@@ -58,14 +58,21 @@ class StepOutcome:
     clock: Clock
 
 
-def check_commit(runner: TeacherRunner, start: int, tokens: np.ndarray) -> None:
-    """Committed K/V for slots [start, start+len) must equal a sequential re-decode of ``tokens``."""
+def redecoded_rows(runner: TeacherRunner, start: int, tokens: np.ndarray) -> tuple[list, list]:
+    """(committed, redone): the K/V rows of slots [start, start+len) as committed, and as a sequential
+    re-decode of ``tokens`` from ``start`` writes them; the cache and length are restored afterwards."""
     committed = runner.cache_rows(start, start + tokens.size)
     snapshot, length = runner.snapshot(), runner.length
     runner.rewind(start)
     runner.decode_chain(tokens)
     redone = runner.cache_rows(start, start + tokens.size)
     runner.restore(snapshot, length)
+    return committed, redone
+
+
+def check_commit(runner: TeacherRunner, start: int, tokens: np.ndarray) -> None:
+    """Committed K/V for slots [start, start+len) must equal a sequential re-decode of ``tokens``."""
+    committed, redone = redecoded_rows(runner, start, tokens)
     worst = max(float(np.max(np.abs(a - b))) for a, b in zip(committed, redone))
     scale = max(float(np.max(np.abs(b))) for b in redone) or 1.0
     if worst > 1e-4 * max(scale, 1.0):

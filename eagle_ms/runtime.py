@@ -13,8 +13,8 @@ import zlib
 import numpy as np
 
 from eagle_ms.assets import check_shipped
-from eagle_ms.config import EagleMsConfig, ModelConfig
-from eagle_ms.fallback import AUTO, StepCosts
+from eagle_ms.config import FALLBACK_AUTO, EagleMsConfig, ModelConfig
+from eagle_ms.fallback import StepCosts
 from eagle_ms.generate import DecodeSettings
 from eagle_ms.models.attention import choose_backend
 
@@ -105,7 +105,7 @@ def decode_settings(cfg: EagleMsConfig, run_dir: str | None = None) -> DecodeSet
         run_dir=run_dir,
         fallback_accept=spec.fallback_accept,
         fallback_steps=spec.fallback_steps,
-        step_costs=StepCosts() if spec.fallback_accept == AUTO else None,
+        step_costs=StepCosts() if spec.fallback_accept == FALLBACK_AUTO else None,
         sampling=cfg.generation.sampling,
     )
 

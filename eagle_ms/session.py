@@ -100,7 +100,7 @@ class Session:
             self.warm_up()
         drafter = self.make_drafter(prompt_ids)
         costs = self.settings.step_costs
-        if drafter is not None and costs is not None and costs.decode_s is None:
+        if drafter is not None and costs is not None and costs.seconds["decode"] is None:
             self.run(prompt_ids, max_new_tokens=COST_PROBE_TOKENS)  # untimed: t_dec for fallback_accept auto
         result = self.run(prompt_ids, drafter)
         return report_dict(result, self.mode, self.cfg.speculative.draft)

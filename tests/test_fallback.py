@@ -71,7 +71,7 @@ def test_step_costs_moving_averages_by_hand():
     assert costs.break_even == pytest.approx(0.030 / 0.010 - 1)  # 2.0
     costs.record(True, 0.050)  # 0.1 * 0.050 + 0.9 * 0.030 = 0.032
     costs.record(False, 0.020)  # 0.1 * 0.020 + 0.9 * 0.010 = 0.011
-    assert (costs.speculative_s, costs.decode_s) == pytest.approx((0.032, 0.011))
+    assert (costs.seconds["speculative"], costs.seconds["decode"]) == pytest.approx((0.032, 0.011))
     assert costs.break_even == pytest.approx(0.032 / 0.011 - 1)
     assert costs.counts == {"speculative": 2, "decode": 2}
 

@@ -17,6 +17,7 @@ import eagle_ms.models.attention as attention
 from eagle_ms.cache import path_move_slots
 from eagle_ms.device_verify import DeviceAcceptMismatch, DeviceVerifier, TreeInputs, _check_against_host
 from eagle_ms.generate import DecodeSettings, generate
+from eagle_ms.host_step import redecoded_rows
 from eagle_ms.models.step_result import (StepResult, pack_result_numpy, result_width, unpack_result)
 from eagle_ms.models.verify_step import DeviceAccept, VerifyStep, commit_slots, verify_mask
 from eagle_ms.oracle_drafter import OracleDrafter
@@ -216,12 +217,7 @@ def _host_step(runner, t):
 
 def _assert_commit_equivalent(runner, start, tokens):
     """Committed K/V of [start, start + n) == a sequential re-decode of ``tokens`` (cache restored after)."""
-    committed = runner.cache_rows(start, start + tokens.size)
-    snapshot, length = runner.snapshot(), runner.length
-    runner.rewind(start)
-    runner.decode_chain(tokens)
-    redone = runner.cache_rows(start, start + tokens.size)
-    runner.restore(snapshot, length)
+    committed, redone = redecoded_rows(runner, start, tokens)
     assert max(rel_err(a, b) for a, b in zip(committed, redone)) < 1e-5, (start, tokens.tolist())
 
 
