@@ -8,8 +8,8 @@ Per drafted step (eagle_ms/models/draft_tree_step.py, eagle_ms/models/verify_ste
 
 The previous step's packed result and accepted aux rows go from the verify graph to the next draft graph
 as device tensors; the host never reads them in performance mode. A teacher-only step (no drafter, a
-fallback step, or no room for a tree near the end of the cache) is the same verify graph with N = 1
-(``DeviceVerifier.decode``): the host still sees only the packed result.
+fallback step, or no room for a tree near the end of the cache) is the decode graph
+(``DeviceVerifier.decode``, ``DecodeStep``: two inputs): the host still sees only the packed result.
 
 Pairs not yet in the draft cache: normally just the last step's (the next draft call extends them in
 its graph). After teacher-only fallback steps there are several; they are handed to the host drafter's

@@ -2,8 +2,8 @@
 one small int read (the packed result, eagle_ms/models/step_result.py) instead of [N, V] logits and
 [N, 3H] aux features copied to the host.
 
-``DeviceVerifier`` owns one ``VerifyStep`` per attention window of the ``TeacherRunner`` (each compiles
-once per N in use: N = 1 for teacher-only / fallback steps, N = budget + 1 for trees), picks the window
+``DeviceVerifier`` owns one ``VerifyStep`` (trees, N = budget + 1) and one ``DecodeStep`` (teacher-only
+and fallback steps: the root alone) per attention window of the ``TeacherRunner``, picks the window
 as ``TeacherRunner.attention_width(L + N)`` does, and keeps the runner's ``BranchCache`` committed length
 right (L += A + 1 after every call; the K/V commit itself happens inside the graph).
 
@@ -22,7 +22,7 @@ from mindspore import Tensor
 
 from eagle_ms.config import GREEDY, SamplingParams
 from eagle_ms.models.step_result import unpack_result
-from eagle_ms.models.verify_step import VerifyStep
+from eagle_ms.models.verify_step import DecodeStep, VerifyStep
 from eagle_ms.teacher import TeacherRunner
 from eagle_ms.token_ids import check_token_ids
 from eagle_ms.tree import DraftTree, TreeTensors, tensorize
@@ -89,10 +89,9 @@ class DeviceVerifier:
         self.reference = reference
         self.sampling = sampling
         self.aux_width = 3 * runner.model.config.hidden_size
-        self.steps = {w: VerifyStep(runner.model, max_depth, w, reference, sampling) for w in runner.attention_windows}
-        root_only = tensorize(_root_only(0), 0, 0, max_depth)  # N = 1: mask, paths, lengths never change
-        self._root_only = tuple(Tensor(x[None]) for x in (root_only.tree_mask, root_only.paths,
-                                                         root_only.path_lengths))
+        windows = runner.attention_windows
+        self.steps = {w: VerifyStep(runner.model, max_depth, w, reference, sampling) for w in windows}
+        self.decode_steps = {w: DecodeStep(runner.model, max_depth, w, reference, sampling) for w in windows}
 
     def _call(self, tree: TreeInputs):
         """(result, accepted_aux[, argmax]) of the window's graph; nothing is read back here."""
@@ -116,43 +115,51 @@ class DeviceVerifier:
             raise ValueError(f"tree paths have shape {tuple(tree.paths.shape)}; need [1, P, {self.max_depth + 1}]")
         if tree.host is not None:
             check_token_ids(tree.host.tokens, self.runner.vocab_size, "draft tree")
-        outputs = self._call(tree)
-        (packed,) = unpack_result(outputs[0].asnumpy())  # the one host read of a step
+        return self._finish(self._call(tree), tree.host)
+
+    def decode(self, root: int) -> DeviceStep:
+        """A teacher-only step (``DecodeStep``): ``root`` goes into the cache at L, the bonus token is the
+        teacher's choice after it. Raises ValueError for an out-of-vocabulary root or a full cache.
+        Reference mode checks the packed result against ``greedy_accept`` of the root-only tree."""
+        length = self.runner.length
+        check_token_ids(np.array([root]), self.runner.vocab_size, "decode root")
+        if length + 1 > self.runner.capacity:
+            raise ValueError(f"decode at committed length {length}: the cache holds {self.runner.capacity} slots")
+        graph = self.decode_steps[self.runner.attention_width(length + 1)]
+        outputs = graph(Tensor(np.array([[root]], np.int32)), Tensor(np.array([length], np.int32)))
+        host = tensorize(_root_only(root), length, 0, self.max_depth) if self.reference else None
+        return self._finish(outputs, host)
+
+    def _finish(self, outputs, host: TreeTensors | None) -> DeviceStep:
+        """Read the packed result (the one host read of a step); in reference mode check it against
+        ``greedy_accept`` on the graph's per-node choices when the ``host`` tree is known; advance the
+        runner's committed length by A + 1 (the graph already moved the K/V)."""
+        (packed,) = unpack_result(outputs[0].asnumpy())
         argmax = outputs[2].asnumpy()[0] if self.reference else None
-        if argmax is not None and tree.host is not None:
-            _check_against_host(tree.host, argmax, packed)
+        if argmax is not None and host is not None:
+            _check_against_host(host, argmax, packed)
         a = packed.accepted_len
         copied = not np.array_equal(packed.node_ids, np.arange(a + 1))
         self.runner.cache.commit_by_length(a)  # the K/V are already at [L, L+A+1): the graph moved them
         self.runner.cache.copies += int(copied)
         return DeviceStep(a, packed.tokens, packed.node_ids, copied, outputs[0], outputs[1], argmax)
 
-    def decode(self, root: int) -> DeviceStep:
-        """A teacher-only step (N = 1): ``root`` goes into the cache at L, the bonus token is its argmax.
-
-        The inputs equal ``tensorize`` of the root-only tree; only tokens and position/slot (both L) are
-        new Tensors (reference mode tensorises, so the acceptance is cross-checked)."""
-        length = self.runner.length
-        if self.reference:
-            return self.verify(tensorize(_root_only(root), length, 0, self.max_depth))
-        check_token_ids(np.array([root]), self.runner.vocab_size, "decode root")
-        at = Tensor(np.array([[length]], np.int32))
-        return self.verify(TreeInputs(Tensor(np.array([[root]], np.int32)), at, at, *self._root_only, length))
-
     def aux_rows(self, step: DeviceStep) -> np.ndarray:
         """Host copy of the accepted nodes' aux features [A+1, 3H] (for host-side drafters' observe)."""
         return step.accepted_aux.asnumpy()[0, :step.accepted_len + 1]
 
     def warm_up(self, query_sizes) -> None:
-        """Compile every (window, N) graph for N in ``query_sizes`` (N <= window); leaves the cache empty.
+        """Compile every (window, N) graph for N in ``query_sizes`` (N <= window; N = 1 is ``DecodeStep``);
+        leaves the cache empty.
 
-        Each call verifies an all-padding tree ending exactly at its window; it writes K/V beyond the
-        committed region only (identity commit rows)."""
+        Each call ends exactly at its window (an all-padding tree, or a decode at slot window - 1); it
+        writes K/V beyond the committed region only (identity commit rows)."""
         for width in self.steps:
             for n in sorted(set(query_sizes)):
-                if n > width:
-                    continue
-                self._call(TreeInputs.from_tree(tensorize(_root_only(0), width - n, n - 1, self.max_depth)))
+                if n == 1:
+                    self.decode_steps[width](Tensor(np.zeros((1, 1), np.int32)), Tensor(np.array([width - 1], np.int32)))
+                elif n <= width:
+                    self._call(TreeInputs.from_tree(tensorize(_root_only(0), width - n, n - 1, self.max_depth)))
         self.runner.reset()
 
 

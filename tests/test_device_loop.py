@@ -108,7 +108,7 @@ def test_teacher_only_through_the_device_graph_hands_the_host_only_tokens(world)
 
 
 def test_no_graph_compiles_after_warm_up(world):
-    """After ``warm_up`` of the draft graphs (every window) and the verify graphs (N = 1 and M + 1), whole
+    """After ``warm_up`` of the draft graphs (every window), the decode graphs and the verify graphs (M + 1), whole
     generations with new prompts and new draft weights compile nothing: every compile cache keeps its size."""
     drafter, verifier = world.device_drafter(8, 21), world.verifiers[False]
     drafter.warm_up()
@@ -116,7 +116,8 @@ def test_no_graph_compiles_after_warm_up(world):
 
     def cache_sizes():
         return ({w: len(c.compile_cache) for w, c in drafter.steps.items()},
-                {w: len(c.compile_cache) for w, c in verifier.steps.items()})
+                {w: len(c.compile_cache) for w, c in verifier.steps.items()},
+                {w: len(c.compile_cache) for w, c in verifier.decode_steps.items()})
 
     warm = cache_sizes()
     assert set(warm[0]) == set(drafter.drafter.attention_windows)

@@ -19,7 +19,7 @@ from eagle_ms.device_verify import DeviceAcceptMismatch, DeviceVerifier, TreeInp
 from eagle_ms.generate import DecodeSettings, generate
 from eagle_ms.host_step import redecoded_rows
 from eagle_ms.models.step_result import (StepResult, pack_result_numpy, result_width, unpack_result)
-from eagle_ms.models.verify_step import DeviceAccept, VerifyStep, commit_slots, verify_mask
+from eagle_ms.models.verify_step import DecodeStep, DeviceAccept, VerifyStep, commit_slots, verify_mask
 from eagle_ms.oracle_drafter import OracleDrafter
 from eagle_ms.teacher import TeacherRunner
 from eagle_ms.tree import DraftTree, tensorize, verify_attention_mask
@@ -42,8 +42,13 @@ def device():
     runner = TeacherRunner(model, 8, MAX_DEPTH + 1, attention_windows=WINDOWS)
     verifier = DeviceVerifier(runner, MAX_DEPTH)
     verifier.warm_up([1, N])
-    compiled = {w: len(cell.compile_cache) for w, cell in verifier.steps.items()}
-    return runner, verifier, compiled
+    return runner, verifier, compile_counts(verifier)
+
+
+def compile_counts(verifier) -> dict:
+    """Compiled graphs per (kind, window) of a DeviceVerifier: its VerifySteps and DecodeSteps."""
+    cells = [("verify", verifier.steps), ("decode", verifier.decode_steps)]
+    return {(kind, w): len(cell.compile_cache) for kind, steps in cells for w, cell in steps.items()}
 
 
 def _empty(root):
@@ -225,7 +230,7 @@ def _compare_step(runner, verifier, t):
     """One step both ways; asserts they agree and the commit is equivalent. Returns the DeviceStep."""
     start = runner.length
     acc, aux, copied, host_rows = _host_step(runner, t)
-    step = verifier.verify(t)
+    step = verifier.decode(int(t.tokens[0])) if t.num_nodes == 1 else verifier.verify(t)
     assert step.accepted_len == acc.accepted_len and step.copied == copied
     assert step.tokens.tolist() == acc.tokens.tolist() and step.node_ids.tolist() == acc.node_ids.tolist()
     assert rel_err(verifier.aux_rows(step), aux) < 1e-5
@@ -240,7 +245,7 @@ def _compare_step(runner, verifier, t):
 
 def test_verify_step_equals_host_path_to_capacity(device):
     """Oracle trees (out-of-order right children) until the cache is full: windows 32 then 64, N = 9
-    steps, then N = 1 steps near capacity; the step == the host path every time."""
+    steps, then decode steps (DecodeStep) near capacity; the step == the host path every time."""
     runner, verifier, compiled = device
     ids = prompt(1, 9)
     base = generate(runner, ids, DecodeSettings(max_new_tokens=CAPACITY, eos_token_id=None))
@@ -260,7 +265,7 @@ def test_verify_step_equals_host_path_to_capacity(device):
     assert emitted == base.tokens  # and the output is the teacher-only greedy output
     assert {k[0] for k in kinds if k[1]} == {"copy", "in order", "root"}
     assert {k[2] for k in kinds} == {32, 64} and (("root", False, 64) in kinds)
-    assert {w: len(c.compile_cache) for w, c in verifier.steps.items()} == compiled
+    assert compile_counts(verifier) == compiled
 
 
 @pytest.mark.parametrize("path, parents, prompt_len", [
@@ -312,7 +317,7 @@ def test_performance_outputs_have_no_vocabulary_or_node_axis(device):
 
 
 def test_teacher_only_decode_through_the_graph_equals_generate(device):
-    """N = 1 steps through VerifyStep until the cache is full == generate without a drafter."""
+    """Decode steps through DecodeStep until the cache is full == generate without a drafter."""
     runner, verifier, compiled = device
     ids = prompt(6, 11)
     base = generate(runner, ids, DecodeSettings(max_new_tokens=2 * CAPACITY, eos_token_id=None))
@@ -323,7 +328,7 @@ def test_teacher_only_decode_through_the_graph_equals_generate(device):
         assert step.accepted_len == 0 and not step.copied
         tokens.append(step.bonus_token)
     assert tokens == base.tokens
-    assert {w: len(c.compile_cache) for w, c in verifier.steps.items()} == compiled
+    assert compile_counts(verifier) == compiled
 
 
 def test_driver_refuses_bad_input_before_any_call(device):
@@ -343,7 +348,36 @@ def test_driver_refuses_bad_input_before_any_call(device):
         DeviceVerifier(runner, MAX_DEPTH + 1)
     with pytest.raises(ValueError, match="window"):
         VerifyStep(runner.model, MAX_DEPTH, CAPACITY + 1)
-    assert {w: len(c.compile_cache) for w, c in verifier.steps.items()} == compiled
+    with pytest.raises(ValueError, match="window"):
+        DecodeStep(runner.model, MAX_DEPTH, CAPACITY + 1)
+    with pytest.raises(ValueError, match="decode root"):
+        verifier.decode(TINY.vocab_size)
+    runner.rewind(CAPACITY)
+    with pytest.raises(ValueError, match=f"holds {CAPACITY} slots"):
+        verifier.decode(root)
+    assert compile_counts(verifier) == compiled
+
+
+def test_decode_step_equals_verify_step_of_the_root_only_tree(device):
+    """DecodeStep (two inputs) == VerifyStep of the tensorised root-only tree: packed result, aux rows and
+    the K/V written at slot L, at a context in each window; reference mode checks the packing."""
+    runner, verifier, _ = device
+    reference = DeviceVerifier(runner, MAX_DEPTH, reference=True)
+    for prompt_len in (9, 40):
+        root = int(runner.prefill(prompt(9, prompt_len)).argmax[-1])
+        snapshot, length = runner.snapshot(), runner.length
+        want = verifier.verify(tensorize(_empty(root), length, 0, MAX_DEPTH))
+        want_rows = runner.cache_rows(0, length + 1)
+        runner.restore(snapshot, length)
+        for v in (verifier, reference):
+            got = v.decode(root)
+            assert got.result.asnumpy().tolist() == want.result.asnumpy().tolist()
+            assert rel_err(got.accepted_aux.asnumpy(), want.accepted_aux.asnumpy()) < 1e-6
+            for a, b in zip(runner.cache_rows(0, length + 1), want_rows):
+                assert rel_err(a, b) < 1e-6
+            assert runner.length == length + 1
+            runner.restore(snapshot, length)
+        assert reference.decode(root).argmax.tolist() == [want.bonus_token]
 
 
 def test_tree_inputs_from_device_tensors(device):

@@ -10,6 +10,8 @@ One call of ``VerifyStep`` (per attention window W; the host picks the instance)
     -> result [B, 2D+3] int32 (eagle_ms/models/step_result.py), accepted_aux [B, D+1, 3Ht]
        (+ argmax [B, N] int32 when built with reference=True)
 
+``DecodeStep`` is the teacher-only step (the root alone at slot L): the same outputs from two inputs.
+
 No [B, N, V] or [B, N, 3Ht] tensor is an output. The host keeps the committed length: L += A + 1 after
 reading the result. Why the commit always moves D+1 rows (identity rows when the accepted path is the
 chain-first prefix) instead of branching on the path: docs/architecture.md §"Device-resident verify".
@@ -110,8 +112,7 @@ class VerifyStep(nn.Cell):
       -> (result [B,2D+3] i32, accepted_aux [B,D+1,3Ht]) (+ argmax [B,N] i32 if ``reference``).
     accepted_aux rows 0..A are the accepted nodes' aux features (root first); padded rows repeat the
     root's. ``window`` W: attention reads cache slots [0, W); the caller guarantees L + N <= W.
-    N = 1 (the root alone: teacher-only and fallback steps) compiles to a graph without the acceptance
-    and commit ops (A is 0 and the root is already at slot L); the shape decides, at compile time.
+    Teacher-only steps (the root alone) use ``DecodeStep``, not N = 1 here.
     Built with auto_prefix=False so the teacher's parameter names (its checkpoint keys) stay as they are.
     """
 
@@ -130,30 +131,15 @@ class VerifyStep(nn.Cell):
         self.caches = teacher.caches()
 
     def construct(self, tokens, position_ids, cache_slots, tree_mask, paths, path_lengths, committed_len):
-        b, n = tokens.shape
-        if n == 1:  # a static shape (resolved at compile time): the root alone, a teacher-only step
-            cols = ops.arange(self.window, dtype=ms.int32).reshape(1, 1, self.window)
-            allowed = cols <= committed_len.reshape(b, 1, 1)                  # == verify_mask for N = 1
-        else:
-            allowed = verify_mask(committed_len, tree_mask, self.window)      # [B, N, W]
+        allowed = verify_mask(committed_len, tree_mask, self.window)          # [B, N, W]
         rows = flat_rows(cache_slots, self.num_kv_heads, self.capacity)
         hidden, aux = self.teacher.hidden_states(tokens, position_ids, rows, allowed)  # [B,N,H], [B,N,3Ht]
         # the teacher's token after node k, at position position_ids[k] + 1: argmax or the keyed sample
         argmax = self.choose(self.teacher.lm_logits(hidden), position_ids + 1)       # [B, N] int32
-        if n == 1:
-            result, accepted_aux = self.root_only(argmax, aux)
-        else:
-            result, accepted_aux = self.accept_and_commit(tokens, argmax, aux, paths, path_lengths, committed_len)
+        result, accepted_aux = self.accept_and_commit(tokens, argmax, aux, paths, path_lengths, committed_len)
         if self.reference:
             return result, accepted_aux, argmax
         return result, accepted_aux
-
-    def root_only(self, argmax, aux):
-        """N = 1: A = 0, node ids [0], the bonus is argmax[0]; the commit is by length (nothing moves)."""
-        b = argmax.shape[0]
-        zeros = ops.zeros((b, self.max_depth + 1), ms.int32)
-        result = pack_result(zeros[:, 0], ops.concat((argmax, zeros[:, 1:]), 1), zeros)
-        return result, ops.broadcast_to(aux, (b, self.max_depth + 1, aux.shape[-1]))
 
     def accept_and_commit(self, tokens, argmax, aux, paths, path_lengths, committed_len):
         """N > 1: DeviceAccept, the commit by path, and the accepted nodes' aux rows [B, D+1, 3Ht]."""
@@ -171,3 +157,43 @@ class VerifyStep(nn.Cell):
         dst_rows = flat_rows(dst, self.num_kv_heads, self.capacity)
         for cache in self.caches:
             cache.move(src_rows, dst_rows)
+
+
+class DecodeStep(nn.Cell):
+    """A teacher-only step's graph (the root alone): the one-token decode at slot and position L.
+
+    construct(tokens [B,1] i32, committed_len [B] i32)
+      -> (result [B,2D+3] i32, accepted_aux [B,D+1,3Ht]) (+ the chosen token [B,1] i32 if ``reference``):
+    A = 0, node ids [0], the bonus is the teacher's argmax (or keyed sample at position L + 1) after the
+    root; accepted_aux repeats the root's aux row. The same outputs as ``VerifyStep`` of the root-only
+    tree, from two inputs instead of seven: position, cache slot and mask all follow from L. On the CPU
+    runtime every graph input costs time (docs/teacher_profile.md §"Graph inputs"), and this graph is
+    the whole cost of a teacher-only token.
+    """
+
+    def __init__(self, teacher, max_depth: int, window: int, reference: bool = False,
+                 sampling: SamplingParams = GREEDY):
+        super().__init__(auto_prefix=False)
+        if not (1 <= window <= teacher.capacity and 1 <= max_depth < teacher.capacity):
+            raise ValueError(f"DecodeStep needs 1 <= window ({window}) <= teacher capacity ({teacher.capacity}) "
+                             f"and 1 <= max_depth ({max_depth}) < capacity")
+        self.teacher = teacher
+        self.max_depth, self.window, self.reference = max_depth, window, reference
+        self.num_kv_heads = teacher.config.num_key_value_heads
+        self.capacity = teacher.capacity
+        self.choose = Sampler(sampling, teacher.config.vocab_size)
+
+    def construct(self, tokens, committed_len):
+        b = tokens.shape[0]
+        at = committed_len.reshape(b, 1)                                      # [B, 1] position == slot == L
+        cols = ops.arange(self.window, dtype=ms.int32).reshape(1, 1, self.window)
+        allowed = cols <= committed_len.reshape(b, 1, 1)                      # [B, 1, W] slots [0, L]
+        rows = flat_rows(at, self.num_kv_heads, self.capacity)
+        hidden, aux = self.teacher.hidden_states(tokens, at, rows, allowed)   # [B,1,H], [B,1,3Ht]
+        chosen = self.choose(self.teacher.lm_logits(hidden), at + 1)          # [B, 1] int32
+        zeros = ops.zeros((b, self.max_depth + 1), ms.int32)
+        result = pack_result(zeros[:, 0], ops.concat((chosen, zeros[:, 1:]), 1), zeros)
+        accepted_aux = ops.broadcast_to(aux, (b, self.max_depth + 1, aux.shape[-1]))
+        if self.reference:
+            return result, accepted_aux, chosen
+        return result, accepted_aux
