@@ -21,7 +21,8 @@ verified by the same device graph.
 
 Reference mode additionally reads every device tree back: ``tree_checks.check_invariants``, equality with
 the host path's tree from the same draft state (eagle_ms/draft_tree_check.py), the device acceptance
-against ``verify.greedy_accept`` on the read-back argmax, and the commit-equivalence check.
+against ``verify.greedy_accept`` on the read-back argmax, and ``host_step.check_commit`` (commit equivalence,
+and every emitted token against the host argmax or sampler on a sequential re-decode).
 """
 from __future__ import annotations
 
@@ -94,7 +95,8 @@ class DeviceSteps:
             step = self.verifier.decode(root)
         clock.lap("verify")
         if settings.reference_checks:
-            check_commit(runner, start, np.append(root, step.tokens[:-1]).astype(np.int32))
+            check_commit(runner, start, np.append(root, step.tokens[:-1]).astype(np.int32), step.tokens,
+                         settings.sampling)
         clock.lap("commit")
         if self.has_drafter:
             self._pending.append((start, root, step))

@@ -10,7 +10,8 @@ draft ``expand`` call per depth), ``tree.tensorize`` + the verify mask on the ho
 ``drafter.observe`` with the committed tokens and their aux features.
 
 Also here, shared with the device step (eagle_ms/device_step.py): ``StepOutcome`` (what the loop needs of
-a step), ``Clock`` (stage laps) and the reference-mode commit-equivalence check.
+a step), ``Clock`` (stage laps) and the reference-mode check against a sequential re-decode (commit
+equivalence, and each emitted token is the host argmax / sampler's choice).
 """
 from __future__ import annotations
 
@@ -58,26 +59,44 @@ class StepOutcome:
     clock: Clock
 
 
-def redecoded_rows(runner: TeacherRunner, start: int, tokens: np.ndarray) -> tuple[list, list]:
-    """(committed, redone): the K/V rows of slots [start, start+len) as committed, and as a sequential
-    re-decode of ``tokens`` from ``start`` writes them; the cache and length are restored afterwards."""
+def redecoded_rows(runner: TeacherRunner, start: int, tokens: np.ndarray):
+    """(committed, redone, logits): the K/V rows of slots [start, start+len) as committed, as a sequential
+    re-decode of ``tokens`` from ``start`` writes them, and that re-decode's logits [len, V] (row i: after
+    tokens[i]); the cache and length are restored afterwards."""
     committed = runner.cache_rows(start, start + tokens.size)
     snapshot, length = runner.snapshot(), runner.length
     runner.rewind(start)
-    runner.decode_chain(tokens)
+    logits = runner.decode_chain(tokens).logits
     redone = runner.cache_rows(start, start + tokens.size)
     runner.restore(snapshot, length)
-    return committed, redone
+    return committed, redone, logits
 
 
-def check_commit(runner: TeacherRunner, start: int, tokens: np.ndarray) -> None:
-    """Committed K/V for slots [start, start+len) must equal a sequential re-decode of ``tokens``."""
-    committed, redone = redecoded_rows(runner, start, tokens)
+def check_commit(runner: TeacherRunner, start: int, tokens: np.ndarray, emitted: np.ndarray, sampling) -> None:
+    """Reference check of one step's commit and choices against a sequential re-decode of ``tokens``.
+
+    The committed K/V of slots [start, start+len) must equal the re-decode's, and the teacher's choice
+    after each committed token on that re-decode (argmax, or at T > 0 the host sampler ``sample_rows``
+    keyed by the next position, start + i + 1) must be ``emitted[i]`` (the A accepted drafts, then the
+    bonus). For the device step this checks the in-graph acceptance and sampler against the host
+    reference. A float near-tie between the tree forward and the sequential one can flip a choice
+    too; for greedy the message gives the top-2 margin."""
+    committed, redone, logits = redecoded_rows(runner, start, tokens)
     worst = max(float(np.max(np.abs(a - b))) for a, b in zip(committed, redone))
     scale = max(float(np.max(np.abs(b))) for b in redone) or 1.0
     if worst > 1e-4 * max(scale, 1.0):
         raise CommitMismatch(f"commit equivalence failed at slots [{start}, {start + tokens.size}): "
                              f"max |diff| {worst:.3e} (tokens {tokens.tolist()})")
+    positions = start + 1 + np.arange(tokens.size)
+    chosen = logits.argmax(-1) if sampling.greedy else sample_rows(logits, positions, sampling)
+    bad = np.flatnonzero(chosen != emitted)
+    if bad.size:
+        i = int(bad[0])
+        top = np.sort(logits[i])[-2:]
+        why = f"top-2 logit margin {float(top[1] - top[0]):.3e}" if sampling.greedy else f"seed {sampling.seed}"
+        raise CommitMismatch(f"the step emitted token {int(emitted[i])} at position {int(positions[i])}, but the "
+                             f"host {'argmax' if sampling.greedy else 'sampler'} on a sequential re-decode "
+                             f"chooses {int(chosen[i])} ({why})")
 
 
 def first_token(runner: TeacherRunner, prompt_ids: np.ndarray, settings):
@@ -131,7 +150,7 @@ class HostSteps:
         copied = runner.cache.commit_by_path(result.node_ids)
         committed = tensors.tokens[result.node_ids]
         if settings.reference_checks:
-            check_commit(runner, start, committed)
+            check_commit(runner, start, committed, np.asarray(result.tokens), settings.sampling)
         clock.lap("commit")
         if self.drafter is not None:
             self._unobserved.append((committed, out.aux[result.node_ids]))

@@ -102,6 +102,15 @@ def test_fallback_flag_reaches_the_loop(baseline):
     assert proc.returncode == 2 and "'auto'" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_bench_profile_refuses_the_device_step(tmp_path):
+    """--profile splits out host mask construction; the device step has none: a clear error, no run dir."""
+    out = tmp_path / "run"
+    proc = run_cli("bench", "--config", TINY, "--data-dir", str(tmp_path), "--out", str(out), "--profile",
+                   "--step", "device")
+    assert proc.returncode == 2 and "--profile" in proc.stderr and "--step host" in proc.stderr
+    assert "Traceback" not in proc.stderr and not out.exists()
+
+
 def test_decoding_flags_are_the_config_fields_they_set():
     import dataclasses
 

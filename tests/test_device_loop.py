@@ -4,18 +4,22 @@ A tiny teacher and random EAGLE-3 drafts drive ``generate(..., verifier=DeviceVe
 draft on the device (DeviceTreeDrafter), in performance and reference mode (device tree == host path
 tree, invariants, device acceptance == greedy_accept, commit equivalence at every step), with the
 low-acceptance fallback (pending pairs observed on the host), near the cache's end (capacity stop), and
-with the test drafter's host trees through the device verify graph. The baseline is the host-driven
-loop without a drafter (a second implementation of the same decode).
+with the test drafter's host trees through the device verify graph. At T > 0 the graphs sample in the
+graph (eagle_ms/models/sampler.py) and the seeded device runs must equal seeded host-loop teacher-only
+sampling. The baseline is the host-driven loop without a drafter (a second implementation of the same
+decode, with the host sampler eagle_ms/sampling.py).
 """
 import numpy as np
 import pytest
 
+from eagle_ms.config import GREEDY, SamplingParams
 from eagle_ms.device_drafter import DeviceTreeDrafter
 from eagle_ms.device_verify import DeviceVerifier
 from eagle_ms.draft_weights import default_draft_config, load_draft_state, random_draft_state
 from eagle_ms.drafting import TreeParams
 from eagle_ms.eagle3_drafter import Eagle3Drafter, scratch_size
 from eagle_ms.generate import DecodeSettings, generate
+from eagle_ms.host_step import CommitMismatch, check_commit
 from eagle_ms.models.eagle3 import Eagle3Draft, Eagle3Expand
 from eagle_ms.oracle_drafter import OracleDrafter
 from helpers_models import TINY, build_teacher, make_runner, prompt
@@ -126,3 +130,42 @@ def test_no_graph_compiles_after_warm_up(world):
         res = generate(world.runner, PROMPTS[i], settings, world.device_drafter(8, seed), verifier)
         assert res.tokens == world.baseline(i)
     assert cache_sizes() == warm
+
+
+@pytest.mark.parametrize("params, reference", [(SamplingParams(0.5, 20, 1.0, 3), True),
+                                               (SamplingParams(1.5, 0, 0.9, 4), False)])
+def test_seeded_device_sampling_equals_seeded_teacher_only(world, params, reference):
+    """T > 0 through the device graphs (the verify and decode graphs sample in the graph): the device
+    drafter's trees, the oracle's host trees around the sampled answer, and device teacher-only decoding
+    each reproduce host-loop teacher-only sampling of the same seed. Reference mode also checks every
+    emitted token against the host sampler on a sequential re-decode."""
+    verifier = DeviceVerifier(world.runner, DEPTH, reference=reference, sampling=params)
+    for i in range(len(PROMPTS)):
+        def settings(budget=0):
+            return DecodeSettings(budget=budget, max_depth=DEPTH, max_new_tokens=NEW_TOKENS, sampling=params,
+                                  reference_checks=reference)
+        base = generate(world.runner, PROMPTS[i], settings()).tokens  # host loop, host sampler
+        assert base != world.baseline(i)  # sampled, not greedy
+        device = generate(world.runner, PROMPTS[i], settings(8), world.device_drafter(8, 30 + i), verifier)
+        assert device.tokens == base, f"device drafter, prompt {i}"
+        oracle = OracleDrafter(base, TINY.vocab_size, 8, DEPTH, seed=i)
+        host_trees = generate(world.runner, PROMPTS[i], settings(8), oracle, verifier)
+        assert host_trees.tokens == base and max(host_trees.accepted_lengths) >= 1, f"host trees, prompt {i}"
+        assert generate(world.runner, PROMPTS[i], settings(), None, verifier).tokens == base
+
+
+def test_reference_check_names_a_wrong_choice(world):
+    """check_commit re-decodes the committed tokens: a step whose emitted token is not the host argmax
+    (greedy) or the host sampler's draw (T > 0) after them is reported, with the position."""
+    runner = world.runner
+    for params in (GREEDY, SamplingParams(1.0, 0, 1.0, 9)):
+        verifier = world.verifiers[False] if params.greedy else DeviceVerifier(runner, DEPTH, sampling=params)
+        root = int(runner.prefill(PROMPTS[0]).argmax[-1])
+        start = runner.length
+        step = verifier.decode(root)
+        committed = np.array([root], np.int32)
+        check_commit(runner, start, committed, step.tokens, params)
+        wrong = (step.tokens + 1) % TINY.vocab_size
+        name = "argmax" if params.greedy else "sampler"
+        with pytest.raises(CommitMismatch, match=f"position {start + 1}, but the host {name}"):
+            check_commit(runner, start, committed, wrong, params)

@@ -104,7 +104,27 @@ def commit_slots(committed_len, accepted, node_ids, capacity: int):
     return src, dst
 
 
-class VerifyStep(nn.Cell):
+class TeacherStep(nn.Cell):
+    """What the verify and decode graphs share: a ``PanguForCausalLM`` used in place (its caches), the
+    attention window W (reads of cache slots [0, W)), the commit width D + 1, the per-node choice
+    (``Sampler``: argmax at temperature 0) and the reference flag (also output the choices).
+    Built with auto_prefix=False so the teacher's parameter names (its checkpoint keys) stay as they are.
+    """
+
+    def __init__(self, teacher, max_depth: int, window: int, reference: bool = False,
+                 sampling: SamplingParams = GREEDY):
+        super().__init__(auto_prefix=False)
+        if not (1 <= window <= teacher.capacity and 1 <= max_depth < teacher.capacity):
+            raise ValueError(f"{type(self).__name__} needs 1 <= window ({window}) <= teacher capacity "
+                             f"({teacher.capacity}) and 1 <= max_depth ({max_depth}) < capacity")
+        self.teacher = teacher
+        self.max_depth, self.window, self.reference = max_depth, window, reference
+        self.num_kv_heads = teacher.config.num_key_value_heads
+        self.capacity = teacher.capacity
+        self.choose = Sampler(sampling, teacher.config.vocab_size)
+
+
+class VerifyStep(TeacherStep):
     """One speculative step's verify graph over a shared ``PanguForCausalLM`` (its caches, in place).
 
     construct(tokens [B,N] i32, position_ids [B,N] i32, cache_slots [B,N] i32, tree_mask [B,N,N] bool,
@@ -113,21 +133,12 @@ class VerifyStep(nn.Cell):
     accepted_aux rows 0..A are the accepted nodes' aux features (root first); padded rows repeat the
     root's. ``window`` W: attention reads cache slots [0, W); the caller guarantees L + N <= W.
     Teacher-only steps (the root alone) use ``DecodeStep``, not N = 1 here.
-    Built with auto_prefix=False so the teacher's parameter names (its checkpoint keys) stay as they are.
     """
 
     def __init__(self, teacher, max_depth: int, window: int, reference: bool = False,
                  sampling: SamplingParams = GREEDY):
-        super().__init__(auto_prefix=False)
-        if not (1 <= window <= teacher.capacity and 1 <= max_depth < teacher.capacity):
-            raise ValueError(f"VerifyStep needs 1 <= window ({window}) <= teacher capacity ({teacher.capacity}) "
-                             f"and 1 <= max_depth ({max_depth}) < capacity")
-        self.teacher = teacher
-        self.max_depth, self.window, self.reference = max_depth, window, reference
-        self.num_kv_heads = teacher.config.num_key_value_heads
-        self.capacity = teacher.capacity
+        super().__init__(teacher, max_depth, window, reference, sampling)
         self.accept = DeviceAccept(max_depth)
-        self.choose = Sampler(sampling, teacher.config.vocab_size)  # argmax at temperature 0
         self.caches = teacher.caches()
 
     def construct(self, tokens, position_ids, cache_slots, tree_mask, paths, path_lengths, committed_len):
@@ -159,7 +170,7 @@ class VerifyStep(nn.Cell):
             cache.move(src_rows, dst_rows)
 
 
-class DecodeStep(nn.Cell):
+class DecodeStep(TeacherStep):
     """A teacher-only step's graph (the root alone): the one-token decode at slot and position L.
 
     construct(tokens [B,1] i32, committed_len [B] i32)
@@ -170,18 +181,6 @@ class DecodeStep(nn.Cell):
     runtime every graph input costs time (docs/teacher_profile.md §"Graph inputs"), and this graph is
     the whole cost of a teacher-only token.
     """
-
-    def __init__(self, teacher, max_depth: int, window: int, reference: bool = False,
-                 sampling: SamplingParams = GREEDY):
-        super().__init__(auto_prefix=False)
-        if not (1 <= window <= teacher.capacity and 1 <= max_depth < teacher.capacity):
-            raise ValueError(f"DecodeStep needs 1 <= window ({window}) <= teacher capacity ({teacher.capacity}) "
-                             f"and 1 <= max_depth ({max_depth}) < capacity")
-        self.teacher = teacher
-        self.max_depth, self.window, self.reference = max_depth, window, reference
-        self.num_kv_heads = teacher.config.num_key_value_heads
-        self.capacity = teacher.capacity
-        self.choose = Sampler(sampling, teacher.config.vocab_size)
 
     def construct(self, tokens, committed_len):
         b = tokens.shape[0]
