@@ -4,7 +4,7 @@ host path (runner.verify + host argmax + greedy_accept + commit_by_path), warm, 
     python scripts/time_device_verify.py --config configs/demo.yaml [--contexts 200,450,900,1900]
         [--repeats 30] [--commit-options] [--set key=value ...]
 
-``--commit-options`` also times the commit alternatives of docs/architecture.md §"Device-resident verify"
+``--commit-options`` also times the commit alternatives of docs/architecture.md §"Device-resident step"
 as VerifyStep variants on the same inputs: (0) no commit at all (the floor), (a) always move D+1 rows
 (identity rows when in order; the shipped VerifyStep), (b) graph control flow on a tensor condition (skip
 the move when every row is an identity copy). Prints one JSON object.

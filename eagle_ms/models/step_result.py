@@ -1,6 +1,6 @@
 """Packed result of one device verify step: the one small int tensor the host reads per step.
 
-Layout (the device step contract, docs/architecture.md §"Device-resident verify"), D = max_depth:
+Layout (the device step contract, docs/architecture.md §"Device-resident step"), D = max_depth:
 
     result [B, 2*(D+1)+1] int32, per sequence b:
       col 0             A, the accepted draft tokens (0..D); A = -1: no step yet (after prefill/begin)

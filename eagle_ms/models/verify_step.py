@@ -14,7 +14,7 @@ One call of ``VerifyStep`` (per attention window W; the host picks the instance)
 
 No [B, N, V] or [B, N, 3Ht] tensor is an output. The host keeps the committed length: L += A + 1 after
 reading the result. Why the commit always moves D+1 rows (identity rows when the accepted path is the
-chain-first prefix) instead of branching on the path: docs/architecture.md §"Device-resident verify".
+chain-first prefix) instead of branching on the path: docs/architecture.md §"Device-resident step".
 """
 from __future__ import annotations
 
