@@ -123,11 +123,9 @@ class DeviceVerifier:
         Reference mode checks the packed result against ``greedy_accept`` of the root-only tree."""
         length = self.runner.length
         check_token_ids(np.array([root]), self.runner.vocab_size, "decode root")
-        if length + 1 > self.runner.capacity:
-            raise ValueError(f"decode at committed length {length}: the cache holds {self.runner.capacity} slots")
-        graph = self.decode_steps[self.runner.attention_width(length + 1)]
-        outputs = graph(Tensor(np.array([[root]], np.int32)), Tensor(np.array([length], np.int32)))
+        graph = self.decode_steps[self.runner.attention_width(length + 1)]  # ValueError when the cache is full
         host = tensorize(_root_only(root), length, 0, self.max_depth) if self.reference else None
+        outputs = graph(Tensor(np.array([[root]], np.int32)), Tensor(np.array([length], np.int32)))
         return self._finish(outputs, host)
 
     def _finish(self, outputs, host: TreeTensors | None) -> DeviceStep:
@@ -157,7 +155,8 @@ class DeviceVerifier:
         for width in self.steps:
             for n in sorted(set(query_sizes)):
                 if n == 1:
-                    self.decode_steps[width](Tensor(np.zeros((1, 1), np.int32)), Tensor(np.array([width - 1], np.int32)))
+                    last_slot = Tensor(np.array([width - 1], np.int32))
+                    self.decode_steps[width](Tensor(np.zeros((1, 1), np.int32)), last_slot)
                 elif n <= width:
                     self._call(TreeInputs.from_tree(tensorize(_root_only(0), width - n, n - 1, self.max_depth)))
         self.runner.reset()

@@ -353,7 +353,7 @@ def test_driver_refuses_bad_input_before_any_call(device):
     with pytest.raises(ValueError, match="decode root"):
         verifier.decode(TINY.vocab_size)
     runner.rewind(CAPACITY)
-    with pytest.raises(ValueError, match=f"holds {CAPACITY} slots"):
+    with pytest.raises(ValueError, match=f"KV cache full: {CAPACITY + 1} slots needed, capacity {CAPACITY}"):
         verifier.decode(root)
     assert compile_counts(verifier) == compiled
 

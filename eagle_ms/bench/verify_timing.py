@@ -3,8 +3,9 @@
 Host path of one step (eagle_ms/generate.py today): ``tree.verify_attention_mask`` + ``TeacherRunner.verify``
 (logits [N, V] and aux [N, 3H] copied to the host, host argmax) + ``verify.greedy_accept`` +
 ``BranchCache.commit_by_path``. Device path: ``DeviceVerifier.verify`` (one VerifyStep call, one
-[1, 2D+3] int32 read), or ``DeviceVerifier.decode`` (one DecodeStep call) for the root alone. Both start from the same host TreeTensors and agree (checked before timing);
-after every call the runner is rewound to the same L, so every repeat sees the same context.
+[1, 2D+3] int32 read), or ``DeviceVerifier.decode`` (one DecodeStep call) for the root alone. Both
+start from the same host TreeTensors and agree (checked before timing); after every call the runner is
+rewound to the same L, so every repeat sees the same context.
 
 Trees per context: ``decode`` (the root alone, N = 1), ``in_order`` (budget M; the accepted path is a
 chain-first prefix: no copy on the host) and ``out_of_order`` (the teacher's own next token placed at
@@ -65,7 +66,8 @@ def time_verify_paths(runner, verifier, budget: int, contexts, repeats: int = 30
         runner.prefill(rng.integers(0, runner.vocab_size, context).astype(np.int32))
         length = runner.length
         for kind, t in probe_trees(runner, budget, verifier.max_depth, int(rng.integers(0, 100)), rng).items():
-            device = (lambda: verifier.decode(int(t.tokens[0]))) if t.num_nodes == 1 else (lambda: verifier.verify(t))
+            device = ((lambda: verifier.decode(int(t.tokens[0]))) if t.num_nodes == 1  # the root alone
+                      else (lambda: verifier.verify(t)))
             paths = {"host": lambda: _host_step(runner, t), "device": device}
             results = {}
             for name, call in paths.items():  # compile, warm, and check that both paths agree
