@@ -78,9 +78,9 @@ def test_path_move_slots_rejects_bad_paths(ids, width, cap):
 
 
 def test_flat_rows_worked_example():
-    """B=1, Hkv=2, S=8, slots [5, 6] -> rows [5, 6, 13, 14]; B=2 adds Hkv*S per sequence."""
+    """B=1, Hkv=2, S=8, slots [5, 6] -> rows [5, 13, 6, 14] (order (b, n, h)); B=2 adds Hkv*S per sequence."""
     rows = flat_rows(Tensor(np.array([[5, 6]], np.int32)), 2, 8).asnumpy()
-    assert rows.tolist() == [5, 6, 13, 14]
+    assert rows.tolist() == [5, 13, 6, 14]
     rows = flat_rows(Tensor(np.array([[1], [2]], np.int32)), 2, 8).asnumpy()
     assert rows.tolist() == [1, 9, 18, 26]
 
@@ -93,7 +93,7 @@ def test_window_rows_worked_example():
 
 @pytest.mark.parametrize("width", [3, 8])
 def test_update_writes_then_returns_the_window(width):
-    """KVCache.update == NumPy: scatter k/v at flat_rows, then slots [0, width) as [B, Hkv, W, D]."""
+    """KVCache.update == NumPy: scatter k/v [B, N, Hkv, D] at flat_rows, then slots [0, width) as [B, Hkv, W, D]."""
     batch, hkv, cap, d = 2, 2, 8, 4
     rng = np.random.default_rng(5)
     cache = KVCache(batch, hkv, cap, d)
@@ -101,12 +101,12 @@ def test_update_writes_then_returns_the_window(width):
     cache.k_cache.set_data(Tensor(old_k))
     cache.v_cache.set_data(Tensor(old_v))
     slots = np.array([[1, 2], [6, 7]], np.int32)
-    k, v = rng.standard_normal((2, batch, hkv, 2, d)).astype(np.float32)
+    k, v = rng.standard_normal((2, batch, 2, hkv, d)).astype(np.float32)             # [B, N, Hkv, D]
     k_win, v_win = cache.update(Tensor(k), Tensor(v), flat_rows(Tensor(slots), hkv, cap), width)
     for new, old, got in ((k, old_k, k_win), (v, old_v, v_win)):
         want = old.reshape(batch, hkv, cap, d).copy()
         for b in range(batch):
-            want[b][:, slots[b]] = new[b]
+            want[b][:, slots[b]] = new[b].swapaxes(0, 1)
         np.testing.assert_array_equal(got.asnumpy(), want[:, :, :width])
         np.testing.assert_array_equal(cache.k_cache.asnumpy() if new is k else cache.v_cache.asnumpy(),
                                       want.reshape(-1, d))

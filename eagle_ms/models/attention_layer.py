@@ -26,17 +26,20 @@ class CachedAttention(nn.Cell):
         self.attn = make_attention(backend, num_heads, num_kv_heads, head_dim)
 
     def construct(self, x, cos, sin, rows, mask):
-        """x [B,N,in]; cos/sin [B,1,N,D]; mask prepared by the backend, width W.
+        """x [B,N,in]; cos/sin [B,1,N,D] (or [B,1,1,D]: one position for every row); mask prepared by the
+        backend, width W. RoPE is applied in the projection layout [B, N, heads, D] (the tables as
+        [B, N, 1, D], a free reshape), so K and V reach the cache without a transpose.
 
         rows [B*Hkv*N]: cache rows to write, then attend over cache slots [0, W) (the mask's static width
         selects the window); or None: no cache, attend over the N tokens themselves (training, features).
         """
         b, n, _ = x.shape
-        q = self.q_proj(x).reshape(b, n, self.num_heads, self.head_dim).swapaxes(1, 2)
-        k = self.k_proj(x).reshape(b, n, self.num_kv_heads, self.head_dim).swapaxes(1, 2)
-        v = self.v_proj(x).reshape(b, n, self.num_kv_heads, self.head_dim).swapaxes(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        d = self.head_dim
+        cos, sin = cos.reshape(cos.shape[0], cos.shape[2], 1, d), sin.reshape(sin.shape[0], sin.shape[2], 1, d)
+        q = apply_rope(self.q_proj(x).reshape(b, n, self.num_heads, d), cos, sin).swapaxes(1, 2)  # [B,Hq,N,D]
+        k = apply_rope(self.k_proj(x).reshape(b, n, self.num_kv_heads, d), cos, sin)   # [B, N, Hkv, D]
+        v = self.v_proj(x).reshape(b, n, self.num_kv_heads, d)
         if rows is None:
-            return self.o_proj(self.attn(q, k, v, mask))
-        k_win, v_win = self.kv_cache.update(k, v, rows, mask.shape[-1])  # [B, Hkv, W, D]
+            return self.o_proj(self.attn(q, k.swapaxes(1, 2), v.swapaxes(1, 2), mask))
+        k_win, v_win = self.kv_cache.update(k, v, rows, mask.shape[-1])  # written as [B, N, Hkv, D]; read [B, Hkv, W, D]
         return self.o_proj(self.attn(q, k_win, v_win, mask))

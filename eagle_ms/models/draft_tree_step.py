@@ -86,6 +86,7 @@ class DraftTreeStep(nn.Cell):
         self.width = self.scratch + window  # mask width: slots [0, X + W)
         self.growth = TreeGrowth(params.budget, self.d, self.k, params.min_path_prob)
         self.rows = Tensor(np.arange(self.d + 1, dtype=np.int32)[None])       # [1, D+1] extend rows
+        self.depth_offsets = Tensor(np.arange(self.d - 1, dtype=np.int32)[None])  # [1, D-1]: depth t -> t-1
         self.columns = Tensor(np.arange(self.width, dtype=np.int32))          # [X+W] cache slots read
         # expansion at depth t, row r -> scratch slot (t-1)k + r: its mask column and its cache rows
         slots = [(t - 1) * self.k + np.arange(self.k) for t in range(1, self.d)]
@@ -142,18 +143,33 @@ class DraftTreeStep(nn.Cell):
         seen = ops.zeros((b, k, self.width), ms.bool_)                       # ancestors' scratch slots
         start = ops.broadcast_to(length.reshape(b, 1), (b, k))               # [B, k]
         committed = self.visible(start)                                      # [B, k, X+W]
+        tables = self.rotary_tables(length)
         for depth in range(1, self.d):
             mine = seen | self.own[depth - 1]
-            lp, ids, hid = self.expand(depth, self.growth.frontier_tokens(state), feats, start + (depth - 1),
+            lp, ids, hid = self.expand(depth, self.growth.frontier_tokens(state), feats, tables[depth - 1],
                                        committed | mine)
             state, parent_rows = self.growth.grow(state, depth, lp, ids)
             feats = ops.gather(hid, parent_rows, 1, batch_dims=1)
             seen = ops.gather(mine, parent_rows, 1, batch_dims=1)
         return self.growth.finish(state, length, token)
 
-    def expand(self, depth: int, tokens, feats, positions, mask):
-        """One k-row draft step at ``depth`` (``Eagle3Draft.step`` with this depth's constant cache rows)."""
+    def rotary_tables(self, length):
+        """The rotary (cos, sin) of depths 1..D-1 (position L'-1+t, shared by the depth's k rows), computed
+        in one pass: a tuple of D-1 pairs of [B, 1, 1, Dh] (one rotary call and one split for all depths)."""
+        if self.d == 1:
+            return ()
+        positions = length.reshape(-1, 1) + self.depth_offsets               # [B, D-1]
+        cos, sin = self.draft.rotary(positions)                              # [B, 1, D-1, Dh]
+        if self.d == 2:
+            return ((cos, sin),)
+        return tuple(zip(ops.split(cos, 1, 2), ops.split(sin, 1, 2)))
+
+    def expand(self, depth: int, tokens, feats, table, mask):
+        """One k-row draft step at ``depth`` (``Eagle3Draft.step`` with this depth's constant cache rows and
+        rotary ``table`` (cos, sin))."""
         draft = self.draft
-        hidden = draft.layer(tokens, feats.astype(draft.fc.weight.dtype), positions, self.cache_rows[depth - 1], mask)
+        cos, sin = table
+        hidden = draft.layer_rotated(tokens, feats.astype(draft.fc.weight.dtype), cos, sin, self.cache_rows[depth - 1],
+                                     mask)
         logprob, ids = draft.topk(hidden)
         return logprob, ids, hidden.astype(ms.float32)

@@ -118,9 +118,18 @@ class DraftMidLayer(nn.Cell):
 
     def construct(self, emb, feature, cos, sin, rows, mask):
         """emb, feature [B,N,H] -> pre-norm output [B,N,H] (residual on the feature, not the embedding)."""
-        x = ops.concat((self.input_layernorm(emb), self.hidden_norm(feature)), axis=-1)  # [B,N,2H]
-        h = feature + self.self_attn(x, cos, sin, rows, mask)
+        h = feature + self.self_attn(self.normed_inputs(emb, feature), cos, sin, rows, mask)
         return h + self.mlp(self.post_attention_layernorm(h))
+
+    def normed_inputs(self, emb, feature):
+        """concat(input_layernorm(emb), hidden_norm(feature)) [B,N,2H], both norms in one pass over the
+        stacked [B,N,2,H] (``RMSNorm``'s math per half; 8 kernels instead of 13, once per draft step)."""
+        b, n, h = emb.shape
+        both = ops.concat((emb, feature), axis=-1).astype(ms.float32).reshape(b, n, 2, h)
+        var = ops.mean(both * both, axis=-1, keep_dims=True)
+        normed = (both * ops.rsqrt(var + self.input_layernorm.eps)).reshape(b, n, 2 * h)
+        weight = ops.concat((self.input_layernorm.weight, self.hidden_norm.weight)).astype(ms.float32)
+        return (normed * weight).astype(emb.dtype)
 
 
 class RootPairStore(nn.Cell):
@@ -220,8 +229,13 @@ class Eagle3Draft(nn.Cell):
 
     def layer(self, input_ids, feature, position_ids, rows, attn_mask):
         """Pre-norm midlayer output [B,N,H]; ``rows=None`` runs cache-free (attn_mask [B,N,N])."""
-        emb = ops.gather(self.embed_tokens.weight, input_ids, 0).astype(feature.dtype)  # [B,N,H]
         cos, sin = self.rotary(position_ids)
+        return self.layer_rotated(input_ids, feature, cos, sin, rows, attn_mask)
+
+    def layer_rotated(self, input_ids, feature, cos, sin, rows, attn_mask):
+        """``layer`` with the rotary tables given (``Rotary`` output [B,1,N,D], or [B,1,1,D] when every
+        row has the same position: the tree step computes one table per depth for all depths at once)."""
+        emb = ops.gather(self.embed_tokens.weight, input_ids, 0).astype(feature.dtype)  # [B,N,H]
         mask = self.mask_backend.prepare_mask(attn_mask)
         return self.midlayer(emb, feature, cos, sin, rows, mask)
 

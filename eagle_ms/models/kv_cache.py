@@ -4,9 +4,11 @@ Device layout (one layer, K and V alike): a Parameter of shape ``[B * Hkv * S, D
 layout"), i.e. the row-major flattening of ``[B, Hkv, S, D]``. Writing N new tokens is one in-place
 ``ScatterUpdate`` at flat rows
 
-    row(b, h, slot) = (b * Hkv + h) * S + slot
+    row(b, h, slot) = (b * Hkv + h) * S + slot,   listed in the order (b, n, h)
 
-Worked example: B=1, Hkv=2, S=8, slots=[5, 6] -> rows [5, 6, 13, 14] (head 0 then head 1).
+so the new K and V go in as projected, [B, N, Hkv, D] flattened, with no transpose to the head-major
+layout (one Transpose kernel per K and per V per layer saved when N > 1).
+Worked example: B=1, Hkv=2, S=8, slots=[5, 6] -> rows [5, 13, 6, 14] (slot 5 of heads 0, 1, then slot 6).
 
 Attention reads slots [0, W) of every head with one ``Gather`` of the rows ``window_rows`` (constant per
 graph). It copies the W slots read; a reshape of the whole Parameter to [B, Hkv, S, D] is NOT free on
@@ -24,11 +26,12 @@ from mindspore import Parameter, Tensor, nn, ops
 
 
 def flat_rows(slots, num_kv_heads: int, capacity: int):
-    """slots [B, N] int32 (in-graph) -> flat cache rows [B * Hkv * N] int32, order (b, h, n)."""
+    """slots [B, N] int32 (in-graph) -> flat cache rows [B * N * Hkv] int32, order (b, n, h): the order of
+    K/V rows [B, N, Hkv, D] flattened (module doc)."""
     b, n = slots.shape
-    heads = ops.arange(num_kv_heads, dtype=ms.int32).reshape(1, num_kv_heads, 1)
+    heads = ops.arange(num_kv_heads, dtype=ms.int32).reshape(1, 1, num_kv_heads)
     batch = ops.arange(b, dtype=ms.int32).reshape(b, 1, 1)
-    rows = (batch * num_kv_heads + heads) * capacity + slots.reshape(b, 1, n)
+    rows = (batch * num_kv_heads + heads) * capacity + slots.reshape(b, n, 1)
     return rows.reshape(-1)
 
 
@@ -57,7 +60,7 @@ class KVCache(nn.Cell):
         self.scatter = ops.ScatterUpdate()
 
     def update(self, k, v, rows, width: int | None = None):
-        """Write k, v [B, Hkv, N, D] at flat ``rows`` [B*Hkv*N]; return slots [0, W) of the updated
+        """Write k, v [B, N, Hkv, D] at flat ``rows`` [B*N*Hkv] (``flat_rows``); return slots [0, W) of the updated
         caches as [B, Hkv, W, D] (W = ``width``, default S: the whole cache).
 
         The window is one gather of the rows ``window_rows(B, Hkv, S, W)`` from each flat Parameter,

@@ -98,7 +98,8 @@ def swap_halves(x):
 
 
 def apply_rope(x, cos, sin):
-    """x [B, H, N, D] rotated by position: x*cos + rotate_half(x)*sin_plain (fp32 math).
+    """x [..., D] rotated by position: x*cos + rotate_half(x)*sin_plain (fp32 math); cos/sin broadcast
+    to x (``Rotary``'s [B, 1, N, D] for x [B, H, N, D], or reshaped [B, N, 1, D] for x [B, N, H, D]).
 
     With ``Rotary``'s signed sin, rotate_half(x)*sin_plain = [-x2, x1]*sin_plain = swap_halves(x)*sin:
     the same products, so the same values.

@@ -43,27 +43,39 @@ def _earlier(n: int) -> Tensor:
     return Tensor(np.tril(np.ones((n, n), bool), -1)[None])
 
 
+def count(flags, axis: int = -1):
+    """flags bool -> the number of True along ``axis``, int32 (one cast and one int32 sum).
+    Example: [[True, False, True]] -> [2]."""
+    return flags.astype(ms.int32).sum(axis, dtype=ms.int32)
+
+
+def index_of(hit, ids):
+    """hit [..., n] bool with at most one True per row, ids [n] int32 -> that True's id (0 if none), int32.
+    Example: [[False, True, False]], ids [0, 1, 2] -> [1]."""
+    return ops.where(hit, ids, 0).sum(-1, dtype=ms.int32)
+
+
 def stable_rank(scores, valid, earlier):
     """scores [B, n] f32, valid [B, n] bool (None: all valid), earlier = ``_earlier(n)`` -> rank [B, n]
     int32 (module doc: valid first, score descending, then index ascending).
     Example: [-1, -0.5, -1, 0, -0.5], valid [T, T, T, F, T] -> [2, 0, 3, 4, 1]."""
-    s_i, s_j = scores[:, :, None], scores[:, None, :]                        # i rows, j columns
+    s_i, s_j = ops.expand_dims(scores, 2), ops.expand_dims(scores, 1)       # i rows, j columns
     beats = (s_j > s_i) | ((s_j == s_i) & earlier)                           # [B, n(i), n(j)]
     if valid is not None:
-        v_i, v_j = valid[:, :, None], valid[:, None, :]
+        v_i, v_j = ops.expand_dims(valid, 2), ops.expand_dims(valid, 1)
         beats = (v_j & ~v_i) | ((v_j == v_i) & beats)
-    return beats.astype(ms.int32).sum(-1).astype(ms.int32)
+    return count(beats)
 
 
 def first_by_rank(rank, q: int, ids):
     """rank [B, n] (a permutation), ids [n] = arange(n) -> the ids of ranks 0..q-1 [B, q] int32, best first."""
-    hit = rank[:, None, :] == ids[:q][None, :, None]                         # [B, q, n]
-    return (hit.astype(ms.int32) * ids).sum(-1).astype(ms.int32)
+    hit = ops.expand_dims(rank, 1) == ids[:q].reshape(1, q, 1)               # [B, q, n]
+    return index_of(hit, ids)
 
 
 def lex_less(sig):
     """sig [B, n, D] int32 -> less [B, n(u), n(v)] bool: sig_u < sig_v lexicographically."""
-    su, sv = sig[:, :, None, :], sig[:, None, :, :]                           # [B, n, n, D]
+    su, sv = ops.expand_dims(sig, 2), ops.expand_dims(sig, 1)                 # [B, n, 1, D], [B, 1, n, D]
     differs = (su != sv).astype(ms.int32)
     before = ops.cumsum(differs, -1) - differs                                # differences before level d
     return ((before == 0) & (su < sv)).any(-1)
@@ -92,9 +104,13 @@ class TreeGrowth(nn.Cell):
         self.child_col = _const(np.tile(np.arange(k), k)[None, :, None])      # [1, k^2, 1]: c of child r*k+c
         self.child_row = _const(np.repeat(np.arange(k), k))                   # [k^2]: r of child r*k+c
         self.ids_kk = _const(np.arange(k * k))
+        self.ids_k = _const(np.arange(k).reshape(1, k))                      # [1, k]
         self.ids_c = _const(np.arange(n_c))
         self.earlier_kk, self.earlier_c = _earlier(k * k), _earlier(n_c)
         self.ids_n = _const(np.arange(m + 1))                                 # [N]
+        self.node_ids = _const(np.arange(m + 1).reshape(1, m + 1, 1))         # [1, N, 1]
+        self.path_rows = _const(np.arange(m).reshape(1, m, 1))                # [1, P, 1]
+        self.not_root_col = Tensor((np.arange(m + 1) > 0).reshape(1, m + 1, 1))  # [1, N, 1]
         self.eye_n = Tensor(np.eye(m + 1, dtype=bool)[None])                  # [1, N, N]
         self.not_root = Tensor(np.arange(m + 1) > 0)                          # [N]
         self.levels_1 = _const(np.arange(d + 1))                              # [D+1]
@@ -102,14 +118,14 @@ class TreeGrowth(nn.Cell):
     def start(self, root_logprob, root_ids):
         """root_logprob, root_ids [B, K >= k] (top-K, descending) -> the state after depth 1."""
         k = self.k
-        scores = ops.minimum(root_logprob[:, :k], 0.0)                        # [B, k]; log p <= 0
-        tokens = root_ids[:, :k]
+        if root_logprob.shape[-1] != k:  # the draft's top-K is wider than k: its first k columns
+            root_logprob, root_ids = root_logprob[:, :k], root_ids[:, :k]
+        scores = ops.minimum(root_logprob, 0.0)                               # [B, k]; log p <= 0
         b = scores.shape[0]
         sig = ops.broadcast_to(self.sig1, (b, k, self.d))
-        ids = ops.broadcast_to(self.ids_kk[None, :k], (b, k))
-        true = ops.ones((b, k), ms.bool_)
-        block = (scores, tokens, ops.full((b, k), -1, dtype=ms.int32), true, sig)
-        return (block,), (ids, scores, tokens, sig, true[:, 0])
+        ids = ops.broadcast_to(self.ids_k, (b, k))
+        block = (scores, root_ids, ops.full((b, k), -1, dtype=ms.int32), ops.ones((b, k), ms.bool_), sig)
+        return (block,), (ids, scores, root_ids, sig, ops.ones((b,), ms.bool_))
 
     @staticmethod
     def frontier_tokens(state):
@@ -125,12 +141,14 @@ class TreeGrowth(nn.Cell):
         n = k + (depth - 1) * k * k                                           # candidates made so far
         if self.cut is not None:
             alive = alive & (ops.amax(front_scores, -1) >= self.cut)
-        scores = (front_scores[:, :, None] + ops.minimum(logprob[:, :, :k], 0.0)).reshape(b, k * k)
-        tokens = target_ids[:, :, :k].reshape(b, k * k)
+        if logprob.shape[-1] != k:  # the draft's top-K is wider than k: its first k columns
+            logprob, target_ids = logprob[:, :, :k], target_ids[:, :, :k]
+        scores = (ops.expand_dims(front_scores, 2) + ops.minimum(logprob, 0.0)).reshape(b, k * k)
+        tokens = target_ids.reshape(b, k * k)
         sig = ops.where(self.level_of[depth], self.child_col, ops.gather(front_sig, self.child_row, 1))
         top = first_by_rank(stable_rank(scores, None, self.earlier_kk), k, self.ids_kk)  # [B, k] in 0..k^2-1
         block = (scores, tokens, ops.gather(front, self.child_row, 1),
-                 ops.broadcast_to(alive[:, None], (b, k * k)), sig)
+                 ops.broadcast_to(ops.expand_dims(alive, 1), (b, k * k)), sig)
         frontier = (top + n, ops.gather_elements(scores, 1, top), ops.gather_elements(tokens, 1, top),
                     ops.gather(sig, top, 1, batch_dims=1), alive)
         return (blocks + (block,), frontier), ops.floor_div(top, k)
@@ -146,10 +164,10 @@ class TreeGrowth(nn.Cell):
         scores, tokens, parents, valid, sig = (ops.concat([blk[i] for blk in blocks], 1) for i in range(5))
         b = scores.shape[0]
         kept = valid & (stable_rank(scores, valid, self.earlier_c) < self.m)   # [B, n_c]
-        earlier = lex_less(sig) & kept[:, :, None]                            # [B, n_c(u), n_c(v)]
-        node = ops.where(kept, earlier.astype(ms.int32).sum(1).astype(ms.int32) + 1, 0)  # [B, n_c]: 0 = not kept
-        hit = (node[:, None, :] == self.ids_n[None, :, None]) & self.not_root[None, :, None]  # [B, N, n_c]
-        cand = (hit.astype(ms.int32) * self.ids_c).sum(-1).astype(ms.int32)   # [B, N]: node n's candidate (or 0)
+        earlier = lex_less(sig) & ops.expand_dims(kept, 2)                    # [B, n_c(u), n_c(v)]
+        node = ops.where(kept, count(earlier, 1) + 1, 0)                      # [B, n_c]: 0 = not kept
+        hit = (ops.expand_dims(node, 1) == self.node_ids) & self.not_root_col  # [B, N, n_c]
+        cand = index_of(hit, self.ids_c)                                      # [B, N]: node n's candidate (or 0)
         real = hit.any(-1)                                                    # a kept candidate (not root/pad)
         par = ops.gather_elements(parents, 1, cand)
         parent = ops.where(real & (par >= 0), ops.gather_elements(node, 1, ops.maximum(par, 0)), 0)
@@ -164,15 +182,15 @@ class TreeGrowth(nn.Cell):
         """Node arrays [B, N] -> the tree tensors of eagle_ms/tree.py ``tensorize`` (all but scores)."""
         b, n = parent.shape
         ids = self.ids_n
-        levels = [ops.broadcast_to(ids[None], (b, n))]                         # A[0, k] = k
+        levels = [ops.broadcast_to(ids.reshape(1, n), (b, n))]                 # A[0, k] = k
         for _ in range(self.d):
             levels.append(ops.gather_elements(parent, 1, levels[-1]))         # A[l+1, k] = parent[A[l, k]]
         ancestors = ops.stack(levels, 1)                                      # [B, D+1, N]
-        seen = (ancestors[:, :, :, None] == ids[None, None, None, :]).any(1)   # [B, N(k), N(j)]
-        mask = (seen & valid[:, :, None] & valid[:, None, :]) | self.eye_n
+        seen = (ops.expand_dims(ancestors, 3) == ids).any(1)                 # [B, N(k), N(j)]
+        mask = (seen & ops.expand_dims(valid, 2) & ops.expand_dims(valid, 1)) | self.eye_n
         paths, lengths, num_paths = self.leaf_paths(parent, depth, valid, ancestors)
         start = committed_len.reshape(b, 1)
-        return (tokens, parent, depth, valid, ancestors, start + depth, start + ids[None],
+        return (tokens, parent, depth, valid, ancestors, start + depth, start + ids.reshape(1, n),
                 mask, paths, lengths, num_paths)
 
     def leaf_paths(self, parent, depth, valid, ancestors):
@@ -180,16 +198,16 @@ class TreeGrowth(nn.Cell):
         depth d is paths[r, i] = A[max(d - i, 0), q]; unused rows 0 with length 0.
         Example: leaves 2 (depth 1) and 3 (A[:, 3] = [3, 1, 0]), D = 2 -> [0, 2, 2], [0, 1, 3]."""
         ids = self.ids_n
-        child_of = (parent[:, :, None] == ids) & (valid & self.not_root)[:, :, None]  # [B, N(child), N]
+        child_of = (ops.expand_dims(parent, 2) == ids) & ops.expand_dims(valid & self.not_root, 2)  # [B, N(child), N]
         leaf = valid & ~child_of.any(1)                                       # [B, N]
         leaf_i = leaf.astype(ms.int32)
         before = ops.cumsum(leaf_i, 1) - leaf_i                               # leaves with a smaller id
-        hit = leaf[:, None, :] & (before[:, None, :] == ids[:self.m][None, :, None])  # [B, P, N]
-        leaf_id = (hit.astype(ms.int32) * ids).sum(-1).astype(ms.int32)       # [B, P]; 0 for unused rows
+        hit = ops.expand_dims(leaf, 1) & (ops.expand_dims(before, 1) == self.path_rows)  # [B, P, N]
+        leaf_id = index_of(hit, ids)                                          # [B, P]; 0 for unused rows
         used = hit.any(-1)
         leaf_depth = ops.gather_elements(depth, 1, leaf_id)
-        level = ops.maximum(leaf_depth[:, :, None] - self.levels_1, 0)       # [B, P, D+1]
+        level = ops.maximum(ops.expand_dims(leaf_depth, 2) - self.levels_1, 0)  # [B, P, D+1]
         chains = ops.gather(ancestors.swapaxes(1, 2), leaf_id, 1, batch_dims=1)  # [B, P, D+1]: A[:, leaf]
-        paths = ops.where(used[:, :, None], ops.gather_elements(chains, 2, level), 0)
+        paths = ops.where(ops.expand_dims(used, 2), ops.gather_elements(chains, 2, level), 0)
         lengths = ops.where(used, leaf_depth + 1, 0)
-        return paths, lengths, leaf_i.sum(-1).astype(ms.int32)
+        return paths, lengths, leaf_i.sum(-1, dtype=ms.int32)

@@ -154,7 +154,7 @@ class TTTDraft(nn.Cell):
         for i in range(self.steps):
             ids = shift_left(input_ids, i + 1)
             emb = ops.gather(draft.embed_tokens.weight, ids, 0).astype(feature.dtype)
-            x = ops.concat((layer.input_layernorm(emb), layer.hidden_norm(feature)), axis=-1)  # [B,T,2H]
+            x = layer.normed_inputs(emb, feature)                              # [B,T,2H]
             q = attn.q_proj(x).reshape(b, t, hq, d).swapaxes(1, 2)
             k = attn.k_proj(x).reshape(b, t, hkv, d).swapaxes(1, 2)
             v = attn.v_proj(x).reshape(b, t, hkv, d).swapaxes(1, 2)
