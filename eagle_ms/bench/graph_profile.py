@@ -117,23 +117,29 @@ def _verify_args(runner, tree_tensors):
             verify_attention_mask(tree_tensors, width))
 
 
-def profile_kernels(runner, tree_tensors, calls: int) -> dict:
-    """Profile ``calls`` warm verify calls of one tree with MindSpore's CPU profiler (see module doc)."""
+def profile_call(call, calls: int) -> dict:
+    """``summarize_calls`` of ``calls`` runs of ``call()`` (one warm graph call that waits for its result)
+    under MindSpore's CPU profiler; one untimed call first."""
     import mindspore as ms
     from mindspore.profiler import ProfilerActivity
 
-    args = _verify_args(runner, tree_tensors)
-    runner._call(*args)
+    call()
     with tempfile.TemporaryDirectory(prefix="eagle_ms_profile_") as out:
         prof = ms.profiler.profile(activities=[ProfilerActivity.CPU],
                                    schedule=ms.profiler.schedule(wait=0, warmup=0, active=calls, repeat=1),
                                    on_trace_ready=ms.profiler.tensorboard_trace_handler(out))
         prof.start()
         for _ in range(calls):
-            runner._call(*args)
+            call()
             prof.step()
         prof.stop()
         return summarize_calls(read_kernel_records(out), calls)
+
+
+def profile_kernels(runner, tree_tensors, calls: int) -> dict:
+    """Profile ``calls`` warm verify calls of one tree with MindSpore's CPU profiler (see module doc)."""
+    args = _verify_args(runner, tree_tensors)
+    return profile_call(lambda: runner._call(*args), calls)
 
 
 def time_host_parts(runner, tree_tensors, repeats: int) -> dict:

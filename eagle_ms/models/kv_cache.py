@@ -63,17 +63,19 @@ class KVCache(nn.Cell):
         """Write k, v [B, N, Hkv, D] at flat ``rows`` [B*N*Hkv] (``flat_rows``); return slots [0, W) of the updated
         caches as [B, Hkv, W, D] (W = ``width``, default S: the whole cache).
 
-        The window is one gather of the rows ``window_rows(B, Hkv, S, W)`` from each flat Parameter,
-        ordered after the scatter by MindSpore's side-effect ordering (auto-monad). It copies only the
-        W slots attention reads; reshaping the whole Parameter instead would copy all S slots.
+        The window is one gather of the rows ``window_rows(B, Hkv, S, W)`` from each scatter's output
+        (the updated Parameter). Gathering from the Parameter itself is the same value, but in a graph
+        that writes one cache several times (the draft tree step: once per depth) MindSpore then snapshots
+        the whole Parameter with a TensorMove before each read. It copies only the W slots attention
+        reads; reshaping the whole Parameter instead would copy all S slots.
         """
         d = self.head_dim
-        self.scatter(self.k_cache, rows, k.reshape(-1, d).astype(self.k_cache.dtype))
-        self.scatter(self.v_cache, rows, v.reshape(-1, d).astype(self.v_cache.dtype))
+        k_all = self.scatter(self.k_cache, rows, k.reshape(-1, d).astype(self.k_cache.dtype))
+        v_all = self.scatter(self.v_cache, rows, v.reshape(-1, d).astype(self.v_cache.dtype))
         w = self.capacity if width is None else width
         window = window_rows(self.batch, self.num_kv_heads, self.capacity, w)  # constant, folded
         shape = (self.batch, self.num_kv_heads, w, d)
-        return ops.gather(self.k_cache, window, 0).reshape(shape), ops.gather(self.v_cache, window, 0).reshape(shape)
+        return ops.gather(k_all, window, 0).reshape(shape), ops.gather(v_all, window, 0).reshape(shape)
 
     def move(self, src_rows, dst_rows):
         """Copy rows ``src_rows`` to ``dst_rows`` (both [K] int32) in K and V; gathers happen first.

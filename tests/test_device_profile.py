@@ -1,0 +1,48 @@
+"""The device step's graphs under MindSpore's CPU profiler (eagle_ms/bench/device_profile.py), on the shipped
+demo pair with a small tree (budget 8, depth 4, window 256) so that it compiles quickly.
+
+Structural facts of the compiled graphs, each the guard of a change in docs/teacher_profile.md §"Device
+step graphs": no whole-cache snapshot (TensorMove) in the draft tree graph, whose depths write the same
+cache Parameter; no K/V transposes (only the query's and the output's per layer at N > 1); a profile
+that launches every kernel once per call.
+"""
+import os
+
+import pytest
+
+from conftest import REPO
+from eagle_ms.bench.device_profile import GRAPHS, profile_device_step
+from eagle_ms.config import load_config
+from eagle_ms.runtime import setup_context
+from eagle_ms.session import Session
+
+DEMO_YAML = os.path.join(REPO, "configs", "demo.yaml")
+
+
+@pytest.fixture(scope="module")
+def profile():
+    cfg = load_config(DEMO_YAML, {"speculative.step": "device", "speculative.budget": 8,
+                                  "speculative.max_depth": 4, "runtime.seq_length": 512,
+                                  "runtime.attention_windows": [256]})
+    setup_context(cfg)
+    return cfg, profile_device_step(Session(cfg), context=64, calls=2)
+
+
+def test_every_graph_is_profiled(profile):
+    _, res = profile
+    assert tuple(res) == GRAPHS
+    for name, k in res.items():
+        assert k["kernels"] == sum(c["kernels"] for c in k["op_types"].values()) > 0, name
+    assert res["draft_step"]["kernels"] > res["draft_tree"]["kernels"]  # the extend comes on top
+
+
+def test_draft_graphs_never_snapshot_the_cache(profile):
+    _, res = profile
+    for name in ("draft_tree", "draft_step"):
+        assert "TensorMove" not in res[name]["op_types"], name
+
+
+def test_verify_graph_transposes_only_the_query_and_the_output(profile):
+    cfg, res = profile
+    layers = cfg.model.num_hidden_layers
+    assert res["verify"]["op_types"]["Transpose"]["kernels"] == 2 * layers
