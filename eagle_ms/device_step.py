@@ -79,7 +79,7 @@ class DeviceSteps:
                 host_tree = check_device_tree(self.device_tree.drafter, tree, settings.run_dir).tensors
                 check_invariants(host_tree, settings.run_dir)
             clock.lap("tensorize")
-            inputs = TreeInputs(tree.tokens, tree.position_ids, tree.cache_slots, tree.tree_mask, tree.paths,
+            inputs = TreeInputs(tree.tokens, tree.position_ids, tree.tree_mask, tree.paths,
                                 tree.path_lengths, tree.committed_len, host_tree)
             step = self.verifier.verify(inputs)
         elif drafted:

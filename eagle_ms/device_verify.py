@@ -38,8 +38,7 @@ class TreeInputs:
     """The verify graph's tree inputs, MindSpore Tensors with leading B = 1, for committed length L."""
 
     tokens: Tensor        # [1, N] int32
-    position_ids: Tensor  # [1, N] int32, L + depth
-    cache_slots: Tensor   # [1, N] int32, L + node id
+    position_ids: Tensor  # [1, N] int32, L + depth (the cache slots, L + node id, follow from L)
     tree_mask: Tensor     # [1, N, N] bool
     paths: Tensor         # [1, P, D+1] int32
     path_lengths: Tensor  # [1, P] int32, padding rows 0
@@ -55,7 +54,7 @@ class TreeInputs:
         """Host TreeTensors -> Tensors (each array gains the leading batch axis)."""
         def dev(x):
             return Tensor(np.ascontiguousarray(x)[None])
-        return cls(dev(t.tokens), dev(t.position_ids), dev(t.cache_slots), dev(t.tree_mask), dev(t.paths),
+        return cls(dev(t.tokens), dev(t.position_ids), dev(t.tree_mask), dev(t.paths),
                    dev(t.path_lengths), t.committed_len, t)
 
 
@@ -97,7 +96,7 @@ class DeviceVerifier:
         """(result, accepted_aux[, argmax]) of the window's graph; nothing is read back here."""
         width = self.runner.attention_width(tree.committed_len + tree.num_nodes)
         committed = Tensor(np.array([tree.committed_len], np.int32))
-        return self.steps[width](tree.tokens, tree.position_ids, tree.cache_slots, tree.tree_mask, tree.paths,
+        return self.steps[width](tree.tokens, tree.position_ids, tree.tree_mask, tree.paths,
                                  tree.path_lengths, committed)
 
     def verify(self, tree: TreeInputs | TreeTensors) -> DeviceStep:

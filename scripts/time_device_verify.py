@@ -58,7 +58,7 @@ def time_commit_options(runner, budget, max_depth, contexts, repeats):
         inputs = {}
         for kind in ("in_order", "out_of_order"):
             x = TreeInputs.from_tree(trees[kind])
-            inputs[kind] = (x.tokens, x.position_ids, x.cache_slots, x.tree_mask, x.paths, x.path_lengths,
+            inputs[kind] = (x.tokens, x.position_ids, x.tree_mask, x.paths, x.path_lengths,
                             ms_tensor([runner.length]))
         out.append({"context": context, "window": window, "N": budget + 1,
                     "median_ms": time_cells(cells, inputs, repeats)})

@@ -61,8 +61,8 @@ def _prepare(args, parser, name: str):
     cfg = load_config(config_path(args), overrides(args))
     if args.profile and cfg.speculative.step == "device":
         parser.error("--profile times the host's tree-mask construction, and with speculative.step device the "
-                     "masks are built inside the graphs: profile those with scripts/profile_teacher.py and "
-                     "scripts/time_device_draft.py, or pass --step host")
+                     "masks are built inside the graphs: profile those with scripts/profile_device_step.py "
+                     "(kernels per graph) and scripts/time_device_draft.py, or pass --step host")
     setup_context(cfg)
     rank, world = init_ranks(args.rank, args.world_size)
     opts = BenchOptions(data_dir=args.data_dir, out=args.out, datasets=parse_datasets(args.datasets),

@@ -55,8 +55,8 @@ def profile_device_step(session, context: int, calls: int, seed: int = 0) -> dic
     calls_of = {
         "draft_tree": lambda: tree_only(grown)[10].asnumpy(),
         "draft_step": lambda: draft_graph(result, aux, committed)[10].asnumpy(),
-        "verify": lambda: verify_graph(inputs.tokens, inputs.position_ids, inputs.cache_slots, inputs.tree_mask,
-                                       inputs.paths, inputs.path_lengths, committed)[0].asnumpy(),
+        "verify": lambda: verify_graph(inputs.tokens, inputs.position_ids, inputs.tree_mask, inputs.paths,
+                                       inputs.path_lengths, committed)[0].asnumpy(),
         "decode": lambda: decode_graph(root, committed)[0].asnumpy(),
     }
     return {name: profile_call(call, calls) for name, call in calls_of.items()}

@@ -3,7 +3,7 @@
 One call of ``VerifyStep`` (per attention window W; the host picks the instance) does, in one graph:
 
     allowed  = verify_mask(committed_len, tree_mask, W)          [B, N, W]  (== tree.verify_attention_mask)
-    teacher forward over the N tree rows, K/V written at cache_slots        (PanguForCausalLM.hidden_states)
+    teacher forward over the N tree rows, K/V written at slots L + node id  (PanguForCausalLM.hidden_states)
     argmax   = argmax of lm_logits                                [B, N]     (never leaves the graph)
     accept   = DeviceAccept(tokens, argmax, paths, path_lengths)            (== verify.greedy_accept)
     commit   : every layer's K/V of slots L + node_ids[i] -> L + i          (KVCache.move, fixed D+1 rows)
@@ -127,11 +127,13 @@ class TeacherStep(nn.Cell):
 class VerifyStep(TeacherStep):
     """One speculative step's verify graph over a shared ``PanguForCausalLM`` (its caches, in place).
 
-    construct(tokens [B,N] i32, position_ids [B,N] i32, cache_slots [B,N] i32, tree_mask [B,N,N] bool,
-              paths [B,P,D+1] i32, path_lengths [B,P] i32, committed_len [B] i32)
+    construct(tokens [B,N] i32, position_ids [B,N] i32, tree_mask [B,N,N] bool, paths [B,P,D+1] i32,
+              path_lengths [B,P] i32, committed_len [B] i32)
       -> (result [B,2D+3] i32, accepted_aux [B,D+1,3Ht]) (+ argmax [B,N] i32 if ``reference``).
     accepted_aux rows 0..A are the accepted nodes' aux features (root first); padded rows repeat the
     root's. ``window`` W: attention reads cache slots [0, W); the caller guarantees L + N <= W.
+    Node k's cache slot is L + k (eagle_ms/tree.py ``tensorize``), computed here: one graph input fewer,
+    and on the CPU runtime every graph input costs time (docs/teacher_profile.md §"Graph inputs").
     Teacher-only steps (the root alone) use ``DecodeStep``, not N = 1 here.
     """
 
@@ -141,9 +143,11 @@ class VerifyStep(TeacherStep):
         self.accept = DeviceAccept(max_depth)
         self.caches = teacher.caches()
 
-    def construct(self, tokens, position_ids, cache_slots, tree_mask, paths, path_lengths, committed_len):
+    def construct(self, tokens, position_ids, tree_mask, paths, path_lengths, committed_len):
+        b, n = tokens.shape
         allowed = verify_mask(committed_len, tree_mask, self.window)          # [B, N, W]
-        rows = flat_rows(cache_slots, self.num_kv_heads, self.capacity)
+        slots = committed_len.reshape(b, 1) + ops.arange(n, dtype=ms.int32).reshape(1, n)  # [B, N] L + node id
+        rows = flat_rows(slots, self.num_kv_heads, self.capacity)
         hidden, aux = self.teacher.hidden_states(tokens, position_ids, rows, allowed)  # [B,N,H], [B,N,3Ht]
         # the teacher's token after node k, at position position_ids[k] + 1: argmax or the keyed sample
         argmax = self.choose(self.teacher.lm_logits(hidden), position_ids + 1)       # [B, N] int32
