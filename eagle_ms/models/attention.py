@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 
 import mindspore as ms
-from mindspore import Tensor, nn, ops
+from mindspore import nn, ops
 
 NEG_INF = -1e30  # additive mask value; softmax is computed in fp32 so this underflows to exactly 0
 
@@ -40,11 +40,13 @@ class EagerAttention(nn.Cell):
         self.scale = 1.0 / (head_dim ** 0.5)
         self.head_dim = head_dim
         self.scores_matmul = ops.BatchMatMul(transpose_b=True)  # q k^T without materialising k^T
-        self.keep_value, self.drop_value = Tensor(0.0, ms.float32), Tensor(NEG_INF, ms.float32)
 
     def prepare_mask(self, allowed):
         """allowed [B, N, S] bool -> additive fp32 mask [B, 1, 1, N, S] (0 keep, NEG_INF drop)."""
-        additive = ops.where(allowed, self.keep_value, self.drop_value)  # one Select kernel
+        # (1 - keep) * NEG_INF, not one ops.where: a Select on the training graphs' constant causal mask
+        # crashes MindSpore 2.9's graph compile (segfault; tests/test_teacher_lm.py)
+        keep = allowed.astype(ms.float32)
+        additive = (1.0 - keep) * NEG_INF
         return additive.expand_dims(1).expand_dims(1)
 
     def construct(self, q, k, v, mask):
