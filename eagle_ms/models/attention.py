@@ -43,8 +43,8 @@ class EagerAttention(nn.Cell):
 
     def prepare_mask(self, allowed):
         """allowed [B, N, S] bool -> additive fp32 mask [B, 1, 1, N, S] (0 keep, NEG_INF drop)."""
-        # (1 - keep) * NEG_INF, not one ops.where: a Select on the training graphs' constant causal mask
-        # crashes MindSpore 2.9's graph compile (segfault; tests/test_teacher_lm.py)
+        # (1 - keep) * NEG_INF, not one ops.where(allowed, 0, NEG_INF): that form segfaulted MindSpore 2.9's
+        # compile of the teacher training graph (tests/test_teacher_lm.py); the cause was not investigated
         keep = allowed.astype(ms.float32)
         additive = (1.0 - keep) * NEG_INF
         return additive.expand_dims(1).expand_dims(1)
