@@ -30,7 +30,7 @@ class CachedAttention(nn.Cell):
         backend, width W. RoPE is applied in the projection layout [B, N, heads, D] (the tables as
         [B, N, 1, D], a free reshape), so K and V reach the cache without a transpose.
 
-        rows [B*Hkv*N]: cache rows to write, then attend over cache slots [0, W) (the mask's static width
+        rows [B*N*Hkv] (``kv_cache.flat_rows``, order (b, n, h)): cache rows to write, then attend over cache slots [0, W) (the mask's static width
         selects the window); or None: no cache, attend over the N tokens themselves (training, features).
         """
         b, n, _ = x.shape

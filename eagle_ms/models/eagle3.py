@@ -123,7 +123,8 @@ class DraftMidLayer(nn.Cell):
 
     def normed_inputs(self, emb, feature):
         """concat(input_layernorm(emb), hidden_norm(feature)) [B,N,2H], both norms in one pass over the
-        stacked [B,N,2,H] (``RMSNorm``'s math per half; 8 kernels instead of 13, once per draft step)."""
+        stacked [B,N,2,H] (``RMSNorm``'s math per half; 8 kernels instead of 13, once per draft step). Both
+        norms have the config's one ``rms_norm_eps`` (``DraftMidLayer.__init__``)."""
         b, n, h = emb.shape
         both = ops.concat((emb, feature), axis=-1).astype(ms.float32).reshape(b, n, 2, h)
         var = ops.mean(both * both, axis=-1, keep_dims=True)
