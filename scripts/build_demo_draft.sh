@@ -7,6 +7,11 @@
 #
 #   bash scripts/build_demo_draft.sh [WORK_DIR] [--export DIR]   (default WORK_DIR: $HOME/eagle_ms_work/demo_draft)
 #
+# DEMO_DRAFT_TEACHER=DIR builds the draft for another teacher checkpoint of the same architecture (default:
+# the config's model.checkpoint, the shipped teacher), e.g. the long-context teacher of
+# eagle_ms/assets/demo_next (its README.md gives the whole command). Regeneration, features and the draft's
+# shared embeddings all come from that teacher.
+#
 # Every stage resumes: regenerate skips finished conversation ids, preprocess keeps finished shards,
 # build-vocab keeps an existing mapping, train-draft resumes from its newest checkpoint. Rerun after an
 # interruption. The numbers below are the recipe MODEL_CARD.md reports; change them only together.
@@ -35,15 +40,20 @@ STEPS=${DEMO_DRAFT_STEPS:-1500}
 # acceptance falls past it (docs/results.md §4): set it to the answer length you serve, e.g. 1024.
 ANSWER=${DEMO_DRAFT_ANSWER_TOKENS:-256}
 PROMPT=256                          # first prompts longer than this are skipped
+TEACHER=()
+if [ -n "${DEMO_DRAFT_TEACHER:-}" ]; then
+  [ -f "$DEMO_DRAFT_TEACHER/model.safetensors" ] || { echo "DEMO_DRAFT_TEACHER=$DEMO_DRAFT_TEACHER: no model.safetensors there" >&2; exit 2; }
+  TEACHER=(--set "model.checkpoint=$(realpath "$DEMO_DRAFT_TEACHER")")
+fi
 
 # Regeneration needs at most 256 prompt + ANSWER tokens + one 128-token prefill chunk of scratch: a
 # 640-slot cache at 256 (no attention windows) makes every decode call ~3x cheaper than the 2048 default.
-"$PY" -m eagle_ms.cli regenerate --config "$CFG" --set runtime.seq_length=$((PROMPT + ANSWER + 128)) \
+"$PY" -m eagle_ms.cli regenerate --config "$CFG" "${TEACHER[@]}" --set runtime.seq_length=$((PROMPT + ANSWER + 128)) \
   --set runtime.attention_windows=null \
   --out "$WORK/regen.jsonl" --limit "$LIMIT" --max-new-tokens "$ANSWER" --batch-size 32 --max-turns 1 \
   --max-prompt-tokens "$PROMPT"
-"$PY" -m eagle_ms.cli preprocess --config "$CFG" --data "$WORK/regen.jsonl" --out "$WORK/features" --max-len $((PROMPT + ANSWER))
+"$PY" -m eagle_ms.cli preprocess --config "$CFG" "${TEACHER[@]}" --data "$WORK/regen.jsonl" --out "$WORK/features" --max-len $((PROMPT + ANSWER))
 "$PY" -m eagle_ms.cli build-vocab --data "$WORK/features" --draft-vocab-size 2048 --out "$WORK/vocab.safetensors"
-"$PY" -m eagle_ms.cli train-draft --config "$CFG" --data "$WORK/features" --vocab "$WORK/vocab.safetensors" --out "$OUT" \
+"$PY" -m eagle_ms.cli train-draft --config "$CFG" "${TEACHER[@]}" --data "$WORK/features" --vocab "$WORK/vocab.safetensors" --out "$OUT" \
   --work-dir "$WORK/train" --steps "$STEPS" --batch-size 4 --max-len $((PROMPT + ANSWER)) --lr 1e-3 --warmup 50 \
   --eval-every 250 --save-every 100 --export-dtype float16

@@ -3,20 +3,33 @@ import hashlib
 import os
 import shutil
 
+import numpy as np
 import pytest
 from conftest import REPO
 
 import eagle_ms.assets as assets
-from eagle_ms.assets import DEMO_DIR, AssetError, verify_manifest, write_manifest
+from eagle_ms.assets import ASSETS_DIR, DEMO_DIR, MANIFEST, AssetError, verify_manifest, write_manifest
 from eagle_ms.config import load_config
 from eagle_ms.runtime import load_tokenizer
 
 
-def test_shipped_demo_assets_match_manifest():
-    manifest = verify_manifest(DEMO_DIR)
-    assert "tokenizer.model" in manifest["files"]
+def _shipped_asset_dirs() -> list[str]:
+    """Every directory under eagle_ms/assets (the demo pair, and a next pair being built)."""
+    return sorted(name for name in os.listdir(ASSETS_DIR) if os.path.isdir(os.path.join(ASSETS_DIR, name)))
+
+
+def test_the_demo_pair_is_shipped():
+    assert "demo" in _shipped_asset_dirs()
+    assert "tokenizer.model" in verify_manifest(DEMO_DIR)["files"]
+
+
+@pytest.mark.parametrize("name", _shipped_asset_dirs())
+def test_shipped_assets_match_manifest(name):
+    root = os.path.join(ASSETS_DIR, name)
+    assert os.path.isfile(os.path.join(root, MANIFEST)), f"{root} has no {MANIFEST}"
+    manifest = verify_manifest(root)
     for rel, entry in manifest["files"].items():  # independent recomputation with hashlib
-        with open(os.path.join(DEMO_DIR, rel), "rb") as fh:
+        with open(os.path.join(root, rel), "rb") as fh:
             assert hashlib.sha256(fh.read()).hexdigest() == entry["sha256"]
 
 
@@ -61,3 +74,24 @@ def test_corrupt_extra_and_missing_files_are_named(tmp_path):
     os.remove(root / "tokenizer.model")
     with pytest.raises(AssetError, match="asset file missing: .*tokenizer.model"):
         verify_manifest(str(root))
+
+
+NEXT_TEACHER = os.path.join(ASSETS_DIR, "demo_next", "teacher")
+
+
+def test_next_demo_teacher_loads_as_the_demo_architecture():
+    """The staged long-context teacher (eagle_ms/assets/demo_next/README.md): strict load into the demo
+    config's architecture (every key, shape and value checked), same fp16 size, and other weights than the
+    shipped teacher it continues."""
+    from eagle_ms.runtime import build_teacher
+    from eagle_ms.weights import model_state
+
+    cfg = load_config(os.path.join(REPO, "configs", "demo.yaml"))
+    shipped = os.path.join(DEMO_DIR, "teacher", "model.safetensors")
+    staged = os.path.join(NEXT_TEACHER, "model.safetensors")
+    assert os.path.getsize(staged) == os.path.getsize(shipped)
+    new = model_state(build_teacher(cfg.model, NEXT_TEACHER, 1, 8, "eager"))
+    old = model_state(build_teacher(cfg.model, cfg.checkpoint, 1, 8, "eager"))
+    assert new.keys() == old.keys()
+    changed = [k for k in new if not np.array_equal(new[k], old[k])]
+    assert len(changed) == len(new), sorted(set(new) - set(changed))
