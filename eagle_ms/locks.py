@@ -123,6 +123,11 @@ def _holder(path: str) -> dict | None:
         time.sleep(POLL_S)
 
 
+def file_holder(path: str) -> dict | None:
+    """The holder record of ``lock_file(path)``'s lock ({} if unreadable); None when nobody holds it."""
+    return _holder(f"{path}.lock")
+
+
 def holders(directory: str) -> dict[str, dict]:
     """Lock file -> holder record of every rank lock held in ``directory`` right now."""
     found = {}

@@ -12,6 +12,11 @@
 # eagle_ms/assets/demo_next (its README.md gives the whole command). Regeneration, features and the draft's
 # shared embeddings all come from that teacher.
 #
+# DEMO_DRAFT_WORKERS=N (default 1) runs regenerate and preprocess on N msrun workers
+# (scripts/msrun_regenerate.sh, scripts/msrun_preprocess.sh; master port DEMO_DRAFT_PORT, default 8138): the
+# same files as one process, faster where there are cores to spare. Their progress then goes to
+# WORK/logs/<stage>/worker_<rank>.log. train-draft always runs as one process (the recipe's batch of 4).
+#
 # Every stage resumes: regenerate skips finished conversation ids, preprocess keeps finished shards,
 # build-vocab keeps an existing mapping, train-draft resumes from its newest checkpoint. Rerun after an
 # interruption. The numbers below are the recipe MODEL_CARD.md reports; change them only together.
@@ -46,13 +51,26 @@ if [ -n "${DEMO_DRAFT_TEACHER:-}" ]; then
   TEACHER=(--set "model.checkpoint=$(realpath "$DEMO_DRAFT_TEACHER")")
 fi
 
+WORKERS=${DEMO_DRAFT_WORKERS:-1}
+PORT=${DEMO_DRAFT_PORT:-8138}
+# stage COMMAND ARGS...: `eagle-ms COMMAND ARGS...`, on $WORKERS msrun workers when WORKERS > 1
+stage() {
+  local command=$1; shift
+  if [ "$WORKERS" -gt 1 ]; then
+    PATH="$(dirname "$PY"):$PATH" bash "scripts/msrun_$command.sh" --workers "$WORKERS" --master-port "$PORT" \
+      --log-dir "$WORK/logs/$command" -- "$@"
+  else
+    "$PY" -m eagle_ms.cli "$command" "$@"
+  fi
+}
+
 # Regeneration needs at most 256 prompt + ANSWER tokens + one 128-token prefill chunk of scratch: a
 # 640-slot cache at 256 (no attention windows) makes every decode call ~3x cheaper than the 2048 default.
-"$PY" -m eagle_ms.cli regenerate --config "$CFG" "${TEACHER[@]}" --set runtime.seq_length=$((PROMPT + ANSWER + 128)) \
+stage regenerate --config "$CFG" "${TEACHER[@]}" --set runtime.seq_length=$((PROMPT + ANSWER + 128)) \
   --set runtime.attention_windows=null \
   --out "$WORK/regen.jsonl" --limit "$LIMIT" --max-new-tokens "$ANSWER" --batch-size 32 --max-turns 1 \
   --max-prompt-tokens "$PROMPT"
-"$PY" -m eagle_ms.cli preprocess --config "$CFG" "${TEACHER[@]}" --data "$WORK/regen.jsonl" --out "$WORK/features" --max-len $((PROMPT + ANSWER))
+stage preprocess --config "$CFG" "${TEACHER[@]}" --data "$WORK/regen.jsonl" --out "$WORK/features" --max-len $((PROMPT + ANSWER))
 "$PY" -m eagle_ms.cli build-vocab --data "$WORK/features" --draft-vocab-size 2048 --out "$WORK/vocab.safetensors"
 "$PY" -m eagle_ms.cli train-draft --config "$CFG" "${TEACHER[@]}" --data "$WORK/features" --vocab "$WORK/vocab.safetensors" --out "$OUT" \
   --work-dir "$WORK/train" --steps "$STEPS" --batch-size 4 --max-len $((PROMPT + ANSWER)) --lr 1e-3 --warmup 50 \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Shared msrun launcher behind scripts/msrun_preprocess.sh and scripts/msrun_train_draft.sh:
+# Shared msrun launcher behind scripts/msrun_regenerate.sh, scripts/msrun_preprocess.sh and scripts/msrun_train_draft.sh:
 #
 #   bash scripts/msrun_launch.sh CALLER_SCRIPT EAGLE_MS_COMMAND --workers N --master-port P --log-dir D \
 #       [--local-workers K --node-rank R --master-addr A] -- <command args>

@@ -362,3 +362,78 @@ def test_a_full_file_system_is_an_error_naming_the_file_and_the_file_stays_resum
     assert os.path.getsize(out) == 1000  # the last record only partly written
     state = open_resumable(out)
     assert state.repaired_bytes > 0 and [r["id"] for r in state.records] == [f"r{i}" for i in range(len(state.records))]
+
+
+# ------------------------------------------------------------------------------ ranks and the merge
+
+def _lines(path):
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh]
+
+
+def test_finished_file_is_sorted_by_index_and_rank_shares_merge_to_the_same_bytes(tmp_path, models):
+    """A one-process run ends sorted by index. Rank r of 2 answers exactly the indices i % 2 == r into its
+    part file; rank 0 does not merge before rank 1's receipt (RanksMissingError names rank 1); merging
+    the two parts gives the one-process file byte for byte, and removes parts and receipts."""
+    from eagle_ms.train.regen_parts import RanksMissingError, merge_parts, part_path, receipt_path
+
+    data = str(tmp_path / "data.jsonl")
+    _write_data(data, 5)
+    one = str(tmp_path / "one.jsonl")
+    s = run_regenerate(_cfg(), RegenOptions(out=one, data=data), model=models["batched"], log=lambda m: None)
+    assert s.merged == 5 and [r["index"] for r in _lines(one)] == [0, 1, 2, 3, 4]
+    ref = open(one, "rb").read()
+
+    out = str(tmp_path / "two.jsonl")
+    opts = RegenOptions(out=out, data=data, wait_timeout=0.2)
+    with pytest.raises(RanksMissingError, match="rank 1: no receipt") as err:
+        run_regenerate(_cfg(), opts, model=models["batched"], log=lambda m: None, rank=0, world=2)
+    assert err.value.missing == {1: "no receipt"} and not os.path.exists(out)
+    assert [r["index"] for r in _lines(part_path(out, 0, 2))] == [0, 2, 4]
+    s1 = run_regenerate(_cfg(), opts, model=models["batched"], log=lambda m: None, rank=1, world=2)
+    assert (s1.written, s1.merged) == (2, None) and os.path.exists(receipt_path(part_path(out, 1, 2)))
+    assert sorted(r["index"] for r in _lines(part_path(out, 1, 2))) == [1, 3]
+    assert merge_parts(out) == 5
+    assert open(out, "rb").read() == ref
+    assert sorted(os.listdir(tmp_path)) == ["data.jsonl", "one.jsonl", "one.jsonl.meta.json", "two.jsonl",
+                                            "two.jsonl.meta.json"]
+
+
+def test_a_rank_resumes_its_part_and_a_one_process_rerun_finishes_leftover_parts(tmp_path, models):
+    """A rank stopped midway leaves a resumable part; any later run skips the ids in every part and
+    folds the parts into the output (here a one-process run after a 3-rank job that never finished)."""
+    from eagle_ms.train.regen_parts import part_path
+
+    data = str(tmp_path / "data.jsonl")
+    _write_data(data, 6)
+    ref = str(tmp_path / "ref.jsonl")
+    run_regenerate(_cfg(), RegenOptions(out=ref, data=data), model=models["batched"], log=lambda m: None)
+    out = str(tmp_path / "regen.jsonl")
+    s = run_regenerate(_cfg(), RegenOptions(out=out, data=data, stop_after=1), model=models["batched"],
+                       log=lambda m: None, rank=2, world=3)  # indices 2 and 5: stopped after one
+    assert (s.written, s.merged) == (1, None) and len(_lines(part_path(out, 2, 3))) == 1
+    s = run_regenerate(_cfg(), RegenOptions(out=out, data=data), model=models["batched"], log=lambda m: None)
+    assert (s.written, s.skipped_done, s.merged) == (5, 1, 6)
+    assert open(out, "rb").read() == open(ref, "rb").read()
+    assert not os.path.exists(part_path(out, 2, 3))
+
+
+def test_a_failed_rank_stops_rank_0_waiting(tmp_path):
+    """Rank 0 stops at once when every missing rank left a failure receipt, and ignores receipts older
+    than its own start (an earlier run's)."""
+    import time
+
+    from eagle_ms.train.regen_parts import RanksMissingError, part_path, wait_for_ranks, write_receipt
+
+    out = str(tmp_path / "regen.jsonl")
+    write_receipt(part_path(out, 1, 3), 1, 3, 7)  # an earlier run's receipt
+    started = time.time() + 5.0
+    write_receipt(part_path(out, 2, 3), 2, 3, 0, error="ValueError: bad prompt")
+    with pytest.raises(RanksMissingError) as err:
+        wait_for_ranks(out, 3, started, timeout=0.3, poll=0.05, log=lambda m: None)
+    assert err.value.missing == {1: "no receipt", 2: "no receipt"}  # both receipts predate `started`
+    t0 = time.time()
+    write_receipt(part_path(out, 1, 3), 1, 3, 0, error="OSError: disk full")
+    with pytest.raises(RanksMissingError, match="rank 1: failed: OSError: disk full; rank 2: failed: ValueError"):
+        wait_for_ranks(out, 3, t0 - 0.5, timeout=60.0, poll=0.05, log=lambda m: None)
+    assert time.time() - t0 < 30.0  # did not sit out the timeout

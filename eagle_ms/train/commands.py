@@ -18,13 +18,25 @@ def _log(message: str) -> None:
 def cmd_regenerate(args) -> int:
     from eagle_ms.config import load_config
     from eagle_ms.runtime import setup_context
+    from eagle_ms.train.preprocess import distributed_env, worker_context
+    from eagle_ms.train.regen_parts import RanksMissingError
     from eagle_ms.train.regenerate import RegenOptions, run_regenerate, summary_dict
 
+    env = distributed_env(args.rank, args.world_size)
+    if env.role == "scheduler":  # msrun also runs the command as its scheduler process
+        _log("[regenerate] msrun scheduler process (MS_ROLE=MS_SCHED): nothing to do")
+        return 0
     cfg = load_config(config_path(args), overrides(args))
-    setup_context(cfg)
+    (setup_context if env.world == 1 else worker_context)(cfg)  # msrun workers: DEVICE_ID on devices
     opts = RegenOptions(out=args.out, data=args.data, limit=args.limit, batch_size=args.batch_size,
-                        max_turns=args.max_turns, max_prompt_tokens=args.max_prompt_tokens)
-    print(json.dumps(summary_dict(run_regenerate(cfg, opts, log=_log)), ensure_ascii=False))
+                        max_turns=args.max_turns, max_prompt_tokens=args.max_prompt_tokens,
+                        wait_timeout=args.wait_timeout)
+    try:
+        summary = run_regenerate(cfg, opts, log=_log, rank=env.rank, world=env.world)
+    except RanksMissingError as exc:
+        print(f"eagle-ms regenerate: error: {exc}", file=sys.stderr)
+        return 3
+    print(json.dumps(summary_dict(summary), ensure_ascii=False))
     return 0
 
 
@@ -101,7 +113,8 @@ def cmd_train_draft(args) -> int:
 
 def add_parsers(sub) -> None:
     """Add the subcommands to ``sub`` (argparse subparsers of ``eagle-ms``)."""
-    r = sub.add_parser("regenerate", help="the teacher answers the data's user turns itself (resumable JSONL)")
+    r = sub.add_parser("regenerate", help="the teacher answers the data's user turns itself (resumable JSONL, "
+                       "msrun-aware)")
     add_config_args(r)
     r.add_argument("--out", required=True, help="output JSONL (appended; a rerun skips done conversation ids)")
     r.add_argument("--data", default="sharegpt", help="ShareGPT JSON/JSONL path, or 'sharegpt' for the "
@@ -113,6 +126,10 @@ def add_parsers(sub) -> None:
     r.add_argument("--max-turns", type=int, help="answer at most N user turns per conversation (default: all)")
     r.add_argument("--max-prompt-tokens", type=int, help="end a conversation at the first turn whose prompt is "
                    "longer (default: only the KV-cache limit); long multi-turn prompts dominate regeneration time")
+    r.add_argument("--wait-timeout", type=float, default=3600.0, help="distributed: rank 0's wait for the other "
+                   "ranks' shares before it merges, seconds (default: %(default)s)")
+    r.add_argument("--rank", type=int, help="this worker's rank (default: $RANK_ID, set by msrun)")
+    r.add_argument("--world-size", type=int, help="number of workers (default: $RANK_SIZE, set by msrun)")
     r.set_defaults(func=cmd_regenerate)
 
     p = sub.add_parser("preprocess", help="teacher features of regenerated data into cached shards (msrun-aware)")

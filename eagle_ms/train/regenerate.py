@@ -16,8 +16,8 @@ template this equals ``ChatTemplate.encode_chat`` of the same messages when each
 ``encode(text) + [eos]`` (tested). Each turn is prefilled from slot 0, so an answer equals what
 ``eagle-ms generate`` / ``eagle_ms.generate.generate`` produces for that turn's prompt (tested).
 
-Output: one JSON line per conversation, appended + fsync'd when the conversation finishes (order =
-completion order; ``index`` = position in the source data). A rerun skips ids already in the file and
+Output: one JSON line per conversation, appended + fsync'd when the conversation finishes (``index`` =
+position in the source data). A rerun skips ids already in the file and
 repairs a partial last line (``jsonl.open_resumable``). Record fields:
 
     id, index            source id and position among the source's kept conversations
@@ -31,6 +31,11 @@ repairs a partial last line (``jsonl.open_resumable``). Record fields:
     conversations        the same in ShareGPT form ({"from": "human"|"gpt"|..., "value"}), so the file is
                          also a ShareGPT JSONL for ``eagle_ms.train.data``
 
+When every conversation is answered, the file is rewritten sorted by ``index`` (``regen_parts.merge_parts``),
+so a finished file does not depend on completion order or on the rank layout. Distributed (msrun, W
+workers, scripts/msrun_regenerate.sh): rank r answers the conversations with ``index % W == r`` into its
+own part file, and rank 0 merges the parts into ``<out>`` (eagle_ms/train/regen_parts.py).
+
 A sidecar ``<out>.meta.json`` records the teacher/tokenizer fingerprints and decoding settings; a rerun
 with different ones raises instead of mixing answers of two teachers in one file. One writer per file:
 a run holds ``<out>.lock`` (eagle_ms/locks.py) throughout, so a second run into the same file is
@@ -43,7 +48,7 @@ import os
 import re
 import time
 import zlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -53,6 +58,7 @@ from eagle_ms.sampling import stream_seed
 from eagle_ms.train.data import ShareGPTStream, sharegpt_package_path
 from eagle_ms.train.hashing import json_hash, teacher_fingerprint, tokenizer_fingerprint
 from eagle_ms.train.jsonl import JsonlAppender, open_resumable
+from eagle_ms.train.regen_parts import clear_receipt, finished_ids, merge_parts, part_path, wait_for_ranks, write_receipt
 
 FORMAT = "eagle_ms.regen.v1"
 SHAREGPT_FROM = {"user": "human", "assistant": "gpt", "system": "system", "tool": "tool", "function": "function"}
@@ -195,6 +201,7 @@ class RegenOptions:
     stop_after: int | None = None  # testing: stop after writing this many records (simulates a kill)
     max_turns: int | None = None  # answer at most this many user turns per conversation (None = all)
     max_prompt_tokens: int | None = None  # a turn whose prompt is longer ends the conversation (None = cache limit)
+    wait_timeout: float = 3600.0  # distributed: rank 0's wait for the other ranks' shares (seconds)
 
     def __post_init__(self):
         for name in ("max_turns", "max_prompt_tokens"):
@@ -212,6 +219,7 @@ class RegenSummary:
     generated_tokens: int
     seconds: float
     load_report: dict
+    merged: int | None = None  # records in the finished, sorted <out> (None: not finished by this process)
 
     @property
     def tokens_per_s(self) -> float:
@@ -251,28 +259,55 @@ def check_meta(path: str, meta: dict) -> bool:
     return True
 
 
-def run_regenerate(cfg, opts: RegenOptions, model=None, log=print) -> RegenSummary:
+def run_regenerate(cfg, opts: RegenOptions, model=None, log=print, rank: int = 0, world: int = 1) -> RegenSummary:
     """Regenerate ``opts.data`` into ``opts.out`` (resumable). ``model``: a prebuilt teacher Cell (tests).
 
-    Before any work the data is opened and checked (``ShareGPTStream.check``), then ``opts.out`` is
-    locked for the whole run (one writer: ``locks.lock_file``, else ``OutputInUseError`` naming the
-    holder). The output and its sidecar are created with the first finished conversation, so a run
-    that fails before one (unreadable data, another writer, a crash) leaves neither behind.
+    Before any work the data is opened and checked (``ShareGPTStream.check``), then the file this
+    process writes is locked for the whole run (one writer: ``locks.lock_file``, else
+    ``OutputInUseError`` naming the holder): ``opts.out`` itself, or with ``world`` > 1 this rank's part
+    file (module doc). The output and its sidecar are created with the first finished conversation, so
+    a run that fails before one (unreadable data, another writer, a crash) leaves neither behind. A
+    finished run merges: one process at once, rank 0 after the other ranks' receipts
+    (``RanksMissingError`` after ``opts.wait_timeout`` seconds, naming them).
     """
     from eagle_ms.runtime import load_tokenizer
 
+    started = time.time()
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} is outside [0, world size {world})")
     tokenizer, template = load_tokenizer(cfg)
     if tokenizer is None:
         raise ValueError("regenerate needs tokenizer.model_file in the config (answers are stored as ids and text)")
     data_path = str(sharegpt_package_path()) if opts.data in (None, "sharegpt") else opts.data
     stream = ShareGPTStream(data_path, opts.limit)
     stream.check()
-    with lock_file(opts.out):
-        return _regenerate(cfg, opts, model, log, ChatComposer(tokenizer, template), stream)
+    target = opts.out if world == 1 else part_path(opts.out, rank, world)
+    try:
+        with lock_file(target):
+            if world > 1:
+                clear_receipt(target)
+            summary = _regenerate(cfg, opts, model, log, ChatComposer(tokenizer, template), stream, target, rank, world)
+            if world == 1 and summary.merged is not None:
+                summary = replace(summary, merged=merge_parts(opts.out, locked=True))
+    except Exception as exc:
+        if world > 1:  # rank 0 stops waiting for a rank that reported its failure
+            write_receipt(target, rank, world, 0, error=f"{type(exc).__name__}: {exc}")
+        raise
+    if world > 1 and summary.merged is not None:
+        write_receipt(target, rank, world, summary.written + summary.skipped_done)
+        if rank != 0:
+            return replace(summary, merged=None)
+        wait_for_ranks(opts.out, world, started, opts.wait_timeout, log=log)
+        summary = replace(summary, merged=merge_parts(opts.out))
+    if summary.merged is not None:
+        log(f"[regenerate] {opts.out}: {summary.merged} conversations, sorted by index")
+    return summary
 
 
-def _regenerate(cfg, opts: RegenOptions, model, log, composer: ChatComposer, stream: ShareGPTStream) -> RegenSummary:
-    """``run_regenerate`` once the data is checked and the output locked."""
+def _regenerate(cfg, opts: RegenOptions, model, log, composer: ChatComposer, stream: ShareGPTStream, target: str,
+                rank: int, world: int) -> RegenSummary:
+    """``run_regenerate`` once the data is checked and ``target`` locked. ``merged`` of the result is 0 when
+    this process answered its whole share (it has not merged yet), None when stopped early."""
     from eagle_ms.models.attention import choose_backend
     from eagle_ms.runtime import build_teacher, decode_mode
     from eagle_ms.train.regen_batch import BatchDecoder
@@ -282,20 +317,23 @@ def _regenerate(cfg, opts: RegenOptions, model, log, composer: ChatComposer, str
     backend = choose_backend(decode_mode(cfg), cfg.runtime.device_target)
     meta_path, meta = opts.out + ".meta.json", regen_meta(cfg, opts, backend, max_new, str(stream.path))
     meta_written = check_meta(meta_path, meta)
-    state = open_resumable(opts.out)
+    state = open_resumable(target)
     if state.repaired_bytes:
-        log(f"[regenerate] cut a partial last line ({state.repaired_bytes} bytes) off {opts.out}")
-    done = {r["id"] for r in state.records}
+        log(f"[regenerate] cut a partial last line ({state.repaired_bytes} bytes) off {target}")
+    done = {str(r["id"]) for r in state.records} | finished_ids(opts.out, skip=target)
     if model is None:
         model = build_teacher(cfg.model, cfg.checkpoint, batch, cfg.runtime.seq_length, backend, cfg.runtime.seed)
     stops = {cfg.model.eos_token_id, composer.eos} if cfg.generation.stop_on_eos else set()
     sampling = cfg.generation.sampling
     decoder = BatchDecoder(model, cfg.runtime.prefill_chunk, max_new, stops, sampling, refill_min=max(1, batch // 2))
     counts = {"written": 0, "skipped_done": 0}
+    prefix = "[regenerate]" if world == 1 else f"[regenerate rank {rank}/{world}]"
 
     def sessions():
         seen = set()
         for index, conv in enumerate(stream):
+            if index % world != rank:
+                continue
             if conv.id in done or conv.id in seen:
                 counts["skipped_done"] += conv.id in done
                 continue
@@ -305,7 +343,8 @@ def _regenerate(cfg, opts: RegenOptions, model, log, composer: ChatComposer, str
                                       opts.max_prompt_tokens)
 
     t0 = time.perf_counter()
-    with JsonlAppender(opts.out) as out:
+    finished_all = True
+    with JsonlAppender(target) as out:
         def finished(session):
             nonlocal meta_written
             if not meta_written:  # with the first record: a run that writes none leaves no sidecar
@@ -314,7 +353,7 @@ def _regenerate(cfg, opts: RegenOptions, model, log, composer: ChatComposer, str
             out.append(session.record())
             counts["written"] += 1
             if counts["written"] % 10 == 0:
-                log(f"[regenerate] {counts['written']} conversations, {decoder.stats.generated_tokens} tokens, "
+                log(f"{prefix} {counts['written']} conversations, {decoder.stats.generated_tokens} tokens, "
                     f"{decoder.stats.generated_tokens / (time.perf_counter() - t0):.1f} tokens/s")
             if opts.stop_after is not None and counts["written"] >= opts.stop_after:
                 raise _StopRun
@@ -322,13 +361,15 @@ def _regenerate(cfg, opts: RegenOptions, model, log, composer: ChatComposer, str
         try:
             decoder.run(sessions(), finished)
         except _StopRun:
-            log(f"[regenerate] stopped after {opts.stop_after} records (stop_after)")
-    if counts["written"] == 0 and counts["skipped_done"] == 0:
+            finished_all = False
+            log(f"{prefix} stopped after {opts.stop_after} records (stop_after)")
+    if counts["written"] == 0 and counts["skipped_done"] == 0 and world == 1:
         raise ValueError(f"{stream.path}: no conversation to regenerate (data: {stream.report().summary()}); "
                          "nothing was written")
     summary = RegenSummary(opts.out, counts["written"], counts["skipped_done"], state.repaired_bytes,
-                           decoder.stats.generated_tokens, time.perf_counter() - t0, stream.report().to_dict())
-    log(f"[regenerate] wrote {summary.written} conversations ({summary.skipped_done} already done), "
+                           decoder.stats.generated_tokens, time.perf_counter() - t0, stream.report().to_dict(),
+                           0 if finished_all else None)
+    log(f"{prefix} wrote {summary.written} conversations ({summary.skipped_done} already done), "
         f"{summary.generated_tokens} tokens in {summary.seconds:.1f} s ({summary.tokens_per_s:.1f} tokens/s); "
         f"data: {stream.report().summary()}")
     return summary
