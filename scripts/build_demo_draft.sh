@@ -12,10 +12,11 @@
 # eagle_ms/assets/demo_next (its README.md gives the whole command). Regeneration, features and the draft's
 # shared embeddings all come from that teacher.
 #
-# DEMO_DRAFT_WORKERS=N (default 1) runs regenerate and preprocess on N msrun workers
-# (scripts/msrun_regenerate.sh, scripts/msrun_preprocess.sh; master port DEMO_DRAFT_PORT, default 8138): the
-# same files as one process, faster where there are cores to spare. Their progress then goes to
-# WORK/logs/<stage>/worker_<rank>.log. train-draft always runs as one process (the recipe's batch of 4).
+# DEMO_DRAFT_WORKERS=N (default 1) runs regenerate, preprocess and train-draft on N msrun workers
+# (scripts/msrun_{regenerate,preprocess,train_draft}.sh; master port DEMO_DRAFT_PORT, default 8138):
+# regenerate and preprocess write the same files as one process; train-draft splits the recipe's global
+# batch of 4 over the workers (the gradients of the same global loss, docs/training.md). Their progress
+# then goes to WORK/logs/<stage>/worker_<rank>.log.
 #
 # Every stage resumes: regenerate skips finished conversation ids, preprocess keeps finished shards,
 # build-vocab keeps an existing mapping, train-draft resumes from its newest checkpoint. Rerun after an
@@ -57,7 +58,7 @@ PORT=${DEMO_DRAFT_PORT:-8138}
 stage() {
   local command=$1; shift
   if [ "$WORKERS" -gt 1 ]; then
-    PATH="$(dirname "$PY"):$PATH" bash "scripts/msrun_$command.sh" --workers "$WORKERS" --master-port "$PORT" \
+    PATH="$(dirname "$PY"):$PATH" bash "scripts/msrun_${command//-/_}.sh" --workers "$WORKERS" --master-port "$PORT" \
       --log-dir "$WORK/logs/$command" -- "$@"
   else
     "$PY" -m eagle_ms.cli "$command" "$@"
@@ -72,6 +73,6 @@ stage regenerate --config "$CFG" "${TEACHER[@]}" --set runtime.seq_length=$((PRO
   --max-prompt-tokens "$PROMPT"
 stage preprocess --config "$CFG" "${TEACHER[@]}" --data "$WORK/regen.jsonl" --out "$WORK/features" --max-len $((PROMPT + ANSWER))
 "$PY" -m eagle_ms.cli build-vocab --data "$WORK/features" --draft-vocab-size 2048 --out "$WORK/vocab.safetensors"
-"$PY" -m eagle_ms.cli train-draft --config "$CFG" "${TEACHER[@]}" --data "$WORK/features" --vocab "$WORK/vocab.safetensors" --out "$OUT" \
+stage train-draft --config "$CFG" "${TEACHER[@]}" --data "$WORK/features" --vocab "$WORK/vocab.safetensors" --out "$OUT" \
   --work-dir "$WORK/train" --steps "$STEPS" --batch-size 4 --max-len $((PROMPT + ANSWER)) --lr 1e-3 --warmup 50 \
   --eval-every 250 --save-every 100 --export-dtype float16
