@@ -21,6 +21,8 @@ ignored. Every float tensor read from a file must be finite and plausible for it
 and the file.
 
 State dicts here map checkpoint keys to NumPy arrays (floats as float32, ``d2t`` int64, ``t2d`` bool).
+The draft Cell stores the matrices [in, out] with q/k/v and gate/up packed; eagle_ms/models/param_layout.py
+maps the keys above to them.
 """
 from __future__ import annotations
 
@@ -30,13 +32,13 @@ import zlib
 
 import numpy as np
 
-import mindspore as ms
 from mindspore import Tensor
 
 from eagle_ms.config import ModelConfig
 from eagle_ms.files import write_json_atomic
 from eagle_ms.hf_config import hf_aux_layer_ids, hf_bias, read_json_object
 from eagle_ms.models.eagle3 import Eagle3Config
+from eagle_ms.models.param_layout import checkpoint_slots, params_from_state, state_from_params
 from eagle_ms.safetensors_format import CheckpointError, SafetensorsFile, check_float_tensor, write_safetensors
 from eagle_ms.weights import SINGLE_FILE
 
@@ -318,11 +320,10 @@ def load_draft_state(draft, state: dict, embed: np.ndarray | None = None) -> Non
     """Set an ``Eagle3Draft``'s weights and d2t from a (checked) state; ``embed`` [V, H] fills an owned
     (non-shared) embedding and must be None for a draft that shares the teacher's."""
     state = check_draft_state(state, draft.config, "<state>")
-    params = dict(draft.parameters_and_names())
-    for key in expected_draft_keys(draft.config):
-        param = params[key]
-        param.set_data(Tensor(state[key].astype(np.float32), dtype=param.dtype))
-    params["d2t"].set_data(Tensor(state["d2t"].astype(np.int32)))
+    slots = _weight_slots(draft)
+    for param, value in params_from_state(slots, lambda key: state[key]):
+        param.set_data(Tensor(value, dtype=param.dtype))
+    draft.d2t.set_data(Tensor(state["d2t"].astype(np.int32)))
     draft.t2d = state["t2d"].astype(bool)  # host-side only (training / analysis); not used by the graph
     if draft.shares_embedding:
         if embed is not None:
@@ -339,12 +340,8 @@ def load_draft_state(draft, state: dict, embed: np.ndarray | None = None) -> Non
 
 def draft_state(draft) -> dict[str, np.ndarray]:
     """An ``Eagle3Draft``'s checkpoint content as NumPy (float32 weights, d2t int64, t2d bool)."""
-    params = dict(draft.parameters_and_names())
-    out = {}
-    for key in expected_draft_keys(draft.config):
-        p = params[key]
-        out[key] = (p.astype(ms.float32) if p.dtype == ms.bfloat16 else p).asnumpy().astype(np.float32)
-    d2t = params["d2t"].asnumpy().astype(np.int64)
+    out = {key: value.astype(np.float32) for key, value in state_from_params(_weight_slots(draft)).items()}
+    d2t = draft.d2t.asnumpy().astype(np.int64)
     out["d2t"] = d2t
     t2d = getattr(draft, "t2d", None)
     if t2d is None:
@@ -352,6 +349,13 @@ def draft_state(draft) -> dict[str, np.ndarray]:
         t2d[draft_to_target(d2t)] = True
     out["t2d"] = t2d
     return out
+
+
+def _weight_slots(draft) -> dict:
+    """HF key -> Slot of the draft's checkpoint weights (``expected_draft_keys``; not d2t, not the
+    embedding), eagle_ms/models/param_layout.py."""
+    slots = checkpoint_slots(draft)
+    return {key: slots[key] for key in expected_draft_keys(draft.config)}
 
 
 def numel(cfg: Eagle3Config) -> int:

@@ -1,6 +1,7 @@
 """Teacher checkpoints: HF/openPangu safetensors <-> the Pangu teacher Cell, with strict, named errors.
 
-Key mapping: the HF key IS the Cell parameter name (``model.parameters_and_names()``), one to one:
+Keys are the HF ones (``eagle_ms/models/param_layout.py`` maps each to its place in a Cell parameter:
+matrices are stored [in, out] there, q/k/v and gate/up packed):
 
     model.embed_tokens.weight                          [V, H]
     model.layers.{i}.input_layernorm.weight            [H]
@@ -13,7 +14,7 @@ Key mapping: the HF key IS the Cell parameter name (``model.parameters_and_names
     model.norm.weight                                  [H]
     lm_head.weight                                     [V, H]                (absent when tied)
 
-Linear weights are ``[out, in]`` as stored by HF, so nothing is transposed. Rules of ``load_state``:
+Linear weights are ``[out, in]`` in the checkpoint, as HF stores them. Rules of ``load_state``:
   * strict: a missing key, an unexpected key or a shape mismatch raises ``CheckpointError`` naming the
     key, the shapes and the source file, before any parameter is changed;
   * values: every float tensor must be finite and, when stored as F16/BF16, plausible for that tag
@@ -51,6 +52,7 @@ from eagle_ms.config import ModelConfig
 from eagle_ms.hf_config import (AUX_IDS_KEY, hf_aux_layer_ids, hf_bias, hf_eos_ids, model_config_to_hf,
                                 read_json_object)
 from eagle_ms.files import write_json_atomic
+from eagle_ms.models.param_layout import FLOAT_DTYPES, checkpoint_slots, params_from_state, state_from_params
 from eagle_ms.safetensors_format import (FLOAT_TAGS, SAVE_DTYPES, ST_DTYPES, CheckpointError, SafetensorsFile,
                                          check_float_tensor, write_safetensors)
 
@@ -58,8 +60,6 @@ SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 CONFIG_FILE = "config.json"
 IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
-RUNTIME_STATE = ("k_cache", "v_cache")  # last name component of non-checkpoint Parameters
-FLOAT_PARAMS = (ms.float16, ms.float32, ms.bfloat16, ms.float64)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -106,18 +106,9 @@ def random_teacher_state(cfg: ModelConfig, seed: int, std: float = 0.02) -> dict
 # Cell <-> state dicts
 # ----------------------------------------------------------------------------------------------
 
-def checkpoint_parameters(model: nn.Cell) -> dict[str, ms.Parameter]:
-    """Parameter name -> Parameter, without runtime state (KV caches)."""
-    return {name: p for name, p in model.parameters_and_names()
-            if name.rsplit(".", 1)[-1] not in RUNTIME_STATE}
-
-
 def model_state(model: nn.Cell) -> dict[str, np.ndarray]:
-    """Checkpoint parameters as NumPy copies (bf16 parameters come back as float32)."""
-    out = {}
-    for name, p in checkpoint_parameters(model).items():
-        out[name] = (p.astype(ms.float32) if p.dtype == ms.bfloat16 else p).asnumpy().copy()
-    return out
+    """The model's checkpoint content, HF key -> NumPy copy in the HF layout (bf16 comes back as float32)."""
+    return state_from_params(checkpoint_slots(model))
 
 
 @dataclass(frozen=True)
@@ -160,31 +151,29 @@ def _describe(items: list[str], limit: int = 5) -> str:
 
 def _load_entries(model: nn.Cell, entries: Mapping[str, CheckpointTensor], source: str) -> None:
     """Validate every key, shape, dtype and value first, then set the parameters one tensor at a time."""
-    params = checkpoint_parameters(model)
+    slots = checkpoint_slots(model)
     entries = {k: e for k, e in entries.items() if not k.endswith(IGNORED_SUFFIXES)}
-    missing = [f"'{k}' (model expects shape {tuple(params[k].shape)})" for k in params if k not in entries]
+    missing = [f"'{k}' (model expects shape {slot.shape})" for k, slot in slots.items() if k not in entries]
     if missing:
         raise CheckpointError(f"checkpoint {source}: missing {len(missing)} key(s): {_describe(missing)}")
-    unexpected = [f"'{k}' (shape {e.shape} in {e.source})" for k, e in entries.items() if k not in params]
+    unexpected = [f"'{k}' (shape {e.shape} in {e.source})" for k, e in entries.items() if k not in slots]
     if unexpected:
         raise CheckpointError(f"checkpoint {source}: {len(unexpected)} unexpected key(s) the model does not "
                               f"have: {_describe(unexpected)}")
-    bad = [f"'{k}': shape {e.shape} in {e.source} != model shape {tuple(params[k].shape)}"
-           for k, e in entries.items() if e.shape != tuple(params[k].shape)]
-    bad += [f"'{k}': dtype {e.dtype} in {e.source} is not a float type (model: {params[k].dtype})"
-            for k, e in entries.items() if not e.is_float and params[k].dtype in FLOAT_PARAMS]
+    bad = [f"'{k}': shape {e.shape} in {e.source} != model shape {slots[k].shape}"
+           for k, e in entries.items() if e.shape != slots[k].shape]
+    bad += [f"'{k}': dtype {e.dtype} in {e.source} is not a float type (model: {slots[k].param.dtype})"
+            for k, e in entries.items() if not e.is_float and slots[k].param.dtype in FLOAT_DTYPES]
     if bad:
         raise CheckpointError(f"checkpoint {source}: {len(bad)} tensor(s) do not fit: {_describe(bad)}")
-    for key in params:
+    for key in slots:
         if entries[key].is_float:
             check_float_tensor(key, entries[key].read(), entries[key].dtype, entries[key].source)
-    for key, param in params.items():
-        arr = entries[key].read()
-        assert arr.shape == tuple(param.shape), (key, arr.shape)  # validated from the header above
+    for param, value in params_from_state(slots, lambda key: entries[key].read()):
         if param.dtype == ms.bfloat16:
-            param.set_data(Tensor(arr.astype(np.float32), dtype=ms.bfloat16))
+            param.set_data(Tensor(value.astype(np.float32), dtype=ms.bfloat16))
         else:
-            param.set_data(Tensor(arr.astype(ms.dtype_to_nptype(param.dtype))))
+            param.set_data(Tensor(value.astype(ms.dtype_to_nptype(param.dtype))))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -10,8 +10,10 @@ LAYER = "Default/model-PanguModel/layers-CellList/3-DecoderLayer/"
 
 
 @pytest.mark.parametrize("scope, expected", [
-    (LAYER + "mlp-MLP/up_proj-Linear/MatMul-op9", "mlp"),
-    (LAYER + "self_attn-CachedAttention/q_proj-Linear/Add-op2", "q/k/v/o projections"),
+    (LAYER + "mlp-MLP/gate_up_proj-FusedLinear/MatMul-op9", "mlp"),
+    (LAYER + "self_attn-CachedAttention/qkv_proj-FusedLinear/Add-op2", "q/k/v/o projections"),
+    (LAYER + "self_attn-CachedAttention/o_proj-Linear/MatMul-op1", "q/k/v/o projections"),
+    (LAYER + "self_attn-CachedAttention/StridedSlice-op3", "rope + head layout"),
     (LAYER + "self_attn-CachedAttention/kv_cache-KVCache/ScatterUpdate-op1", "cache write (scatter)"),
     (LAYER + "self_attn-CachedAttention/kv_cache-KVCache/Gather-op4", "cache window read"),
     (LAYER + "self_attn-CachedAttention/attn-EagerAttention/BatchMatMul-op0", "attention (scores, softmax, probs.V)"),
@@ -19,6 +21,7 @@ LAYER = "Default/model-PanguModel/layers-CellList/3-DecoderLayer/"
     (LAYER + "input_layernorm-RMSNorm/Rsqrt-op0", "rms norms"),
     (LAYER + "Add-op7", "residual adds"),
     ("Default/MatMul-op0", "lm_head"),
+    ("Default/lm_head-Linear/MatMul-op0", "lm_head"),
     ("Default/Gather-op0", "embedding"),
     ("Default/Concat-op5", "other"),
 ])

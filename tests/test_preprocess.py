@@ -109,7 +109,7 @@ def test_stored_features_match_the_teacher_forward(extractor):
     logits, aux = logits.asnumpy()[0], aux.asnumpy()[0]
     assert feats.aux.dtype == np.float16 and feats.aux.shape == (t, 3 * 32) and feats.hidden.shape == (t, 32)
     np.testing.assert_allclose(feats.aux.astype(np.float32), aux, rtol=2e-3, atol=2e-3)
-    head = extractor.teacher.lm_head.weight.asnumpy()
+    head = extractor.teacher.lm_head.weight.asnumpy().T  # stored [H, V] (models/layers.py): the HF [V, H]
     recomputed = feats.hidden.astype(np.float32) @ head.T
     np.testing.assert_allclose(recomputed, logits, atol=2e-3 * np.abs(logits).max())
     assert np.array_equal(recomputed.argmax(-1), logits.argmax(-1))

@@ -25,6 +25,8 @@ from eagle_ms.safetensors_format import (CheckpointError, SafetensorsFile, check
 from eagle_ms.weights import (check_checkpoint_config, expected_teacher_keys, load_state, load_teacher_checkpoint,
                               model_state, random_teacher_state, save_teacher_checkpoint)
 
+from helpers_layout import hf_state_from_cell
+
 BIAS_TIE = [(True, False), (False, False), (True, True), (False, True)]
 Q_KEY = "model.layers.0.self_attn.q_proj.weight"
 UP_KEY = "model.layers.1.mlp.up_proj.weight"
@@ -42,13 +44,10 @@ def new_model(cfg):
 
 
 def cell_state(model):
-    """Checkpoint parameters read straight from the Cell (KV caches are the only other Parameters)."""
-    out = {}
-    for name, p in model.parameters_and_names():
-        if name.endswith(("kv_cache.k_cache", "kv_cache.v_cache")):
-            continue
-        out[name] = (p.astype(ms.float32) if p.dtype == ms.bfloat16 else p).asnumpy()
-    return out
+    """Checkpoint content read straight from the Cell's parameters (tests/helpers_layout.py, not the
+    code's param_layout), HF keys and layout."""
+    q_out = model.config.num_attention_heads * model.config.head_dim
+    return hf_state_from_cell(model, q_out)
 
 
 def assert_state_equal(got, want):
@@ -204,8 +203,8 @@ def test_fp32_into_fp16_model_and_reader_dtypes(tmp_path):
     state = random_teacher_state(cfg, 8)
     model = new_model(cfg)
     load_state(model, state)
-    got = {k: v.asnumpy() for k, v in model.parameters_and_names() if k in state}
-    assert all(v.dtype == np.float16 for v in got.values())
+    assert all(p.dtype == ms.float16 for n, p in model.parameters_and_names() if not n.endswith("_cache"))
+    got = cell_state(model)
     assert_state_equal({k: v.astype(np.float32) for k, v in got.items()},
                        {k: v.astype(np.float16).astype(np.float32) for k, v in state.items()})
     # the reader against files written by the safetensors package, every supported dtype

@@ -35,11 +35,11 @@ COMPONENTS = (
     ("cache window read", r"kv_cache"),
     ("attention (scores, softmax, probs.V)", r"BatchMatMul|Softmax|EagerAttention|FusedAttention|_Muls"),
     ("mlp", r"mlp-MLP|_SiLU"),
-    ("q/k/v/o projections", r"[qkvo]_proj-Linear"),
+    ("q/k/v/o projections", r"qkv_proj-FusedLinear|o_proj-Linear"),
     ("rms norms", r"RMSNorm"),
     ("rope + head layout", r"rotary-Rotary|self_attn-CachedAttention/"),
     ("residual adds", r"DecoderLayer/Add"),
-    ("lm_head", r"^Default/MatMul"),
+    ("lm_head", r"^Default/(lm_head-Linear/)?MatMul"),
     ("embedding", r"^Default/Gather"),
     ("other", r""),
 )
@@ -48,7 +48,7 @@ COMPONENTS = (
 def component(scope: str) -> str:
     """The component of one kernel, from its scope name (``COMPONENTS``, first match).
 
-    Example: 'Default/model-PanguModel/layers-CellList/3-DecoderLayer/mlp-MLP/up_proj-Linear/MatMul-op9'
+    Example: 'Default/model-PanguModel/layers-CellList/3-DecoderLayer/mlp-MLP/gate_up_proj-FusedLinear/MatMul-op9'
     -> 'mlp'.
     """
     for name, pattern in COMPONENTS:

@@ -202,7 +202,6 @@ class Eagle3Draft(nn.Cell):
         self.d2t = Parameter(Tensor(np.zeros(cfg.draft_vocab_size, np.int32)), name="d2t", requires_grad=False)
         self.rotary = Rotary(cfg.head_dim, cfg.rope_theta)
         self.mask_backend = self.midlayer.self_attn.attn
-        self.matmul_t = ops.MatMul(transpose_b=True)
         self.t2d = None  # host-side bool [V] (set by eagle_ms.draft_weights.load_draft_state); not in graphs
         self.root_pair = RootPairStore(batch, top_k, h)
 
@@ -244,8 +243,8 @@ class Eagle3Draft(nn.Cell):
         """hidden [B,N,H] -> log-softmax over the draft vocabulary [B,N,Vd] fp32."""
         b, n, _ = hidden.shape
         x = self.norm(hidden)
-        logits = self.matmul_t(x.reshape(b * n, -1), self.lm_head.weight).astype(ms.float32)
-        return ops.log_softmax(logits, axis=-1).reshape(b, n, -1)
+        logits = self.lm_head(x).astype(ms.float32)  # [B,N,Vd]
+        return ops.log_softmax(logits, axis=-1)
 
     def topk(self, hidden):
         """hidden [B,N,H] -> (top-K log-probs [B,N,K] fp32 descending, their TARGET ids [B,N,K] int32)."""

@@ -1,6 +1,11 @@
 """Building blocks of the Pangu teacher and the EAGLE-3 draft (Llama family).
 
-Weights follow the HF layout: ``Linear.weight`` is [out, in]; so checkpoints map key for key.
+Matrices are stored **[in, out]**, the transpose of the HF checkpoint's ``Linear.weight`` [out, in], and
+projections that read the same input are packed into one matrix (``FusedLinear``: q/k/v, gate/up).
+Checkpoints keep the HF keys and layout: ``eagle_ms/models/param_layout.py`` maps every HF tensor to its
+place in a parameter (tested against the HF layout in tests/test_param_layout.py). Why: one matmul
+instead of three, no ``transpose_b`` (MindSpore's CPU MatMul is faster on an untransposed right-hand
+side at these shapes), and 6 fewer kernels per attention layer (docs/teacher_profile.md).
 Norms and softmax are computed in fp32; matmuls in the configured compute dtype.
 """
 from __future__ import annotations
@@ -14,18 +19,25 @@ from mindspore.common.initializer import Normal, Zero, initializer
 DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
 
 
-class Linear(nn.Cell):
-    """y = x @ W^T (+ b). x [..., in] -> y [..., out]; W [out, in] as in HF checkpoints."""
+class FusedLinear(nn.Cell):
+    """Linear layers over the same input as one matmul: y = x @ W (+ b), x [..., in] -> y [..., sum(outs)].
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, dtype=ms.float32, std: float = 0.02):
+    ``parts`` = ((hf_name, out), ...), e.g. (("q_proj", 256), ("k_proj", 128), ("v_proj", 128)): part p is
+    columns [offset_p, offset_p + out_p) of W [in, sum(outs)] and of b; its HF key is
+    ``<parent>.<hf_name>.weight`` [out_p, in] (``param_layout``). The caller splits the output.
+    """
+
+    def __init__(self, in_features: int, parts: tuple[tuple[str, int], ...], bias: bool, dtype=ms.float32,
+                 std: float = 0.02):
         super().__init__()
+        self.parts = tuple((str(name), int(out)) for name, out in parts)
         self.in_features = in_features
-        self.out_features = out_features
-        self.weight = Parameter(initializer(Normal(std), (out_features, in_features), dtype), name="weight")
+        self.out_features = sum(out for _, out in self.parts)
+        self.weight = Parameter(initializer(Normal(std), (in_features, self.out_features), dtype), name="weight")
         self.has_bias = bias
         if bias:
-            self.bias = Parameter(initializer(Zero(), (out_features,), dtype), name="bias")
-        self.matmul = ops.MatMul(transpose_b=True)
+            self.bias = Parameter(initializer(Zero(), (self.out_features,), dtype), name="bias")
+        self.matmul = ops.MatMul()
 
     def construct(self, x):
         shape = x.shape
@@ -33,6 +45,14 @@ class Linear(nn.Cell):
         if self.has_bias:
             y = y + self.bias
         return y.reshape(shape[:-1] + (self.out_features,))
+
+
+class Linear(FusedLinear):
+    """y = x @ W (+ b), x [..., in] -> y [..., out]: a ``FusedLinear`` of one part, whose HF key is the
+    Cell's own (``<path>.weight`` [out, in])."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, dtype=ms.float32, std: float = 0.02):
+        super().__init__(in_features, (("", out_features),), bias, dtype, std)
 
 
 class RMSNorm(nn.Cell):
@@ -51,16 +71,17 @@ class RMSNorm(nn.Cell):
 
 
 class MLP(nn.Cell):
-    """SwiGLU: down(silu(gate(x)) * up(x)), no bias."""
+    """SwiGLU: down(silu(gate(x)) * up(x)), no bias; gate and up packed as ``gate_up_proj`` [H, 2I]."""
 
     def __init__(self, hidden: int, intermediate: int, dtype=ms.float32):
         super().__init__()
-        self.gate_proj = Linear(hidden, intermediate, False, dtype)
-        self.up_proj = Linear(hidden, intermediate, False, dtype)
+        self.intermediate = intermediate
+        self.gate_up_proj = FusedLinear(hidden, (("gate_proj", intermediate), ("up_proj", intermediate)), False, dtype)
         self.down_proj = Linear(intermediate, hidden, False, dtype)
 
     def construct(self, x):
-        return self.down_proj(ops.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = ops.split(self.gate_up_proj(x), self.intermediate, -1)
+        return self.down_proj(ops.silu(gate) * up)
 
 
 def rope_inv_freq(head_dim: int, theta: float) -> np.ndarray:

@@ -1,8 +1,10 @@
 """Pangu teacher (openPangu-Embedded architecture, Llama-like) as a MindSpore Cell.
 
 Pre-norm RMSNorm, RoPE (rotate-half, ``rope_theta``), GQA, SwiGLU MLP without bias, q/k/v/o projections
-with bias when ``bias`` is true, optional tied embeddings. Parameter names equal the HF checkpoint keys
-(``model.layers.{i}.self_attn.q_proj.weight`` ...), so ``eagle_ms.weights`` maps them one to one.
+with bias when ``bias`` is true, optional tied embeddings. Checkpoints use the HF keys
+(``model.layers.{i}.self_attn.q_proj.weight`` ...); eagle_ms/models/param_layout.py maps each to its place
+in a parameter: matrices are stored [in, out] and q/k/v and gate/up are packed (``qkv_proj``,
+``gate_up_proj``; eagle_ms/models/layers.py).
 
 One forward serves prefill chunks, single-token decode and tree verification:
 
@@ -107,9 +109,10 @@ class PanguForCausalLM(nn.Cell):
 
     def lm_logits(self, hidden):
         """hidden [B,N,H] (final-norm) -> logits [B,N,V] fp32 through the (possibly tied) lm_head."""
+        if not self.config.tie_word_embeddings:
+            return self.lm_head(hidden).astype(ms.float32)  # lm_head stored [H, V]
         b, n, _ = hidden.shape
-        head = self.model.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
-        return self.matmul_t(hidden.reshape(b * n, -1), head).astype(ms.float32).reshape(b, n, -1)
+        return self.matmul_t(hidden.reshape(b * n, -1), self.model.embed_tokens.weight).astype(ms.float32).reshape(b, n, -1)
 
 
 class PanguFullSequence(nn.Cell):

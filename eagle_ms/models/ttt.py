@@ -54,7 +54,6 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
 from eagle_ms.models.eagle3 import Eagle3Draft
-from eagle_ms.models.layers import apply_rope
 
 NEG_INF = -1e30
 MASK_MODES = ("inference", "eagle")
@@ -146,7 +145,6 @@ class TTTDraft(nn.Cell):
         draft = self.draft
         layer, attn = draft.midlayer, draft.midlayer.self_attn
         b, t = input_ids.shape
-        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         feature = draft.fc(aux.astype(draft.fc.weight.dtype))  # [B,T,H]
         positions = ops.arange(t, dtype=ms.int32).reshape(1, t)
         rows = ops.arange(t, dtype=ms.int32).reshape(t, 1)
@@ -155,11 +153,9 @@ class TTTDraft(nn.Cell):
             ids = shift_left(input_ids, i + 1)
             emb = ops.gather(draft.embed_tokens.weight, ids, 0).astype(feature.dtype)
             x = layer.normed_inputs(emb, feature)                              # [B,T,2H]
-            q = attn.q_proj(x).reshape(b, t, hq, d).swapaxes(1, 2)
-            k = attn.k_proj(x).reshape(b, t, hkv, d).swapaxes(1, 2)
-            v = attn.v_proj(x).reshape(b, t, hkv, d).swapaxes(1, 2)
             cos, sin = draft.rotary(positions + i)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            q, k, v = attn.project(x, cos, sin)                                # [B,T,heads,D]
+            q, k, v = q.swapaxes(1, 2), k.swapaxes(1, 2), v.swapaxes(1, 2)
             keys += (k,)
             values += (v,)
             allowed = (positions <= rows - i * self.mask_shift).astype(ms.float32)  # [T,T] step-0 keys

@@ -207,17 +207,16 @@ def _train_lm(model_cfg: ModelConfig, cfg: LMTrainConfig, train_stream: np.ndarr
 
 def _init_weights(teacher: PanguForCausalLM, model_cfg: ModelConfig, seed: int) -> None:
     """GPT-2 style init: N(0, 0.02), output projections scaled by 1/sqrt(2 * layers); norms 1; biases 0."""
+    from eagle_ms.models.param_layout import checkpoint_slots
     from eagle_ms.weights import load_state
 
     rng = np.random.default_rng(seed)
     state = {}
     scale_out = 0.02 / np.sqrt(2 * model_cfg.num_hidden_layers)
-    for name, param in teacher.parameters_and_names():
-        if name.endswith(("k_cache", "v_cache")):
-            continue
-        if param.ndim == 1:
-            state[name] = (np.ones if "norm" in name else np.zeros)(param.shape, np.float32)
+    for key, slot in checkpoint_slots(teacher).items():  # HF keys and shapes, in parameter order
+        if len(slot.shape) == 1:
+            state[key] = (np.ones if "norm" in key else np.zeros)(slot.shape, np.float32)
         else:
-            std = scale_out if name.endswith(("o_proj.weight", "down_proj.weight")) else 0.02
-            state[name] = rng.normal(0.0, std, param.shape).astype(np.float32)
+            std = scale_out if key.endswith(("o_proj.weight", "down_proj.weight")) else 0.02
+            state[key] = rng.normal(0.0, std, slot.shape).astype(np.float32)
     load_state(teacher, state, source=f"init(seed={seed})")
