@@ -7,7 +7,9 @@ concat of its normed embedding and feature (no bias).
 """
 from __future__ import annotations
 
-from mindspore import nn, ops
+import numpy as np
+
+from mindspore import Tensor, nn, ops
 
 from eagle_ms.models.attention import make_attention
 from eagle_ms.models.kv_cache import KVCache
@@ -23,15 +25,20 @@ class CachedAttention(nn.Cell):
                                                   ("v_proj", num_kv_heads * head_dim)), bias, dtype)
         self.o_proj = Linear(num_heads * head_dim, hidden, bias, dtype)
         self.kv_cache = KVCache(batch, num_kv_heads, capacity, head_dim, dtype)
+        rotated = num_heads + num_kv_heads  # q and k heads; the v heads pass RoPE unchanged (cos 1, sin 0)
+        keep = np.concatenate([np.ones(rotated), np.zeros(num_kv_heads)]).reshape(1, 1, -1, 1).astype(np.float32)
+        self.rope_keep = Tensor(keep)        # [1, 1, Hq + 2Hkv, 1]
+        self.rope_fill = Tensor(1.0 - keep)
         self.attn = make_attention(backend, num_heads, num_kv_heads, head_dim)
 
     def construct(self, x, cos, sin, rows, mask):
-        """x [B,N,in]; cos/sin [B,1,N,D] (or [B,1,1,D]: one position for every row); mask prepared by the
-        backend, width W. RoPE is applied in the projection layout [B, N, heads, D] (the tables as
-        [B, N, 1, D], a free reshape), so K and V reach the cache without a transpose.
+        """x [B,N,in]; cos/sin: ``head_tables`` of the rows' positions, [B,N,Hq+2Hkv,D] (or [B,1,Hq+2Hkv,D]:
+        one position for every row); mask prepared by the backend, width W. K and V reach the cache in the
+        projection layout [B, N, Hkv, D], without a transpose.
 
-        rows [B*N*Hkv] (``kv_cache.flat_rows``, order (b, n, h)): cache rows to write, then attend over cache slots [0, W) (the mask's static width
-        selects the window); or None: no cache, attend over the N tokens themselves (training, features).
+        rows [B*N*Hkv] (``kv_cache.flat_rows``, order (b, n, h)): cache rows to write, then attend over cache
+        slots [0, W) (the mask's static width selects the window); or None: no cache, attend over the N tokens
+        themselves (training, features).
         """
         q, k, v = self.project(x, cos, sin)
         q = q.swapaxes(1, 2)  # [B, Hq, N, D]
@@ -40,14 +47,30 @@ class CachedAttention(nn.Cell):
         k_win, v_win = self.kv_cache.update(k, v, rows, mask.shape[-1])  # written as [B, N, Hkv, D]; read [B, Hkv, W, D]
         return self.o_proj(self.attn(q, k_win, v_win, mask))
 
-    def project(self, x, cos, sin):
-        """x [B,N,in] -> q [B,N,Hq,D], k [B,N,Hkv,D] (both rotated), v [B,N,Hkv,D]; cos/sin as ``construct``.
+    def head_tables(self, cos, sin):
+        """``Rotary``'s (cos, sin) [B,1,N,D] -> per-head tables [B,N,Hq+2Hkv,D] for ``project``: the q and k
+        heads get cos/sin, the v heads cos 1 and sin 0, so RoPE leaves v exactly as it is (v*1 + swap(v)*0).
+        Three kernels; callers compute them once per forward (per depth table set) and share them across
+        layers. Worked example (Hq 2, Hkv 1, one position): heads (q0, q1, k0) get (cos, sin), v0 (1, 0).
+        """
+        b, _, n, d = cos.shape
+        heads = self.rope_keep.shape[2]
+        # sin: broadcast first. ``(sin * sign) * keep`` (Rotary's signed sin times a broadcasting constant)
+        # came out of MindSpore 2.9's CPU graph with the shape [B, N, 1, D] at N = 1 (constant folding of
+        # the two multiplies; tests/test_pangu_model.py's decode check caught it)
+        return (cos.reshape(b, n, 1, d) * self.rope_keep + self.rope_fill,
+                ops.broadcast_to(sin.reshape(b, n, 1, d), (b, n, heads, d)) * self.rope_keep)
 
-        One matmul, one split of the heads into (q|k, v), RoPE on q|k at once, one split into q and k.
+    def project(self, x, cos, sin):
+        """x [B,N,in] -> q [B,N,Hq,D], k [B,N,Hkv,D] (both rotated), v [B,N,Hkv,D]; cos/sin from ``head_tables``.
+
+        One matmul, RoPE over all heads at once (identity on v), one equal split into chunks of Hkv heads
+        (q chunks, k, v: one kernel), and a concat of the G = Hq/Hkv q chunks when G > 1.
         """
         b, n, _ = x.shape
-        d, hq, hkv = self.head_dim, self.num_heads, self.num_kv_heads
-        cos, sin = cos.reshape(cos.shape[0], cos.shape[2], 1, d), sin.reshape(sin.shape[0], sin.shape[2], 1, d)
-        qk, v = ops.split(self.qkv_proj(x).reshape(b, n, hq + 2 * hkv, d), (hq + hkv, hkv), 2)
-        q, k = ops.split(apply_rope(qk, cos, sin), (hq, hkv), 2)
-        return q, k, v
+        hq, hkv = self.num_heads, self.num_kv_heads
+        qkv = apply_rope(self.qkv_proj(x).reshape(b, n, hq + 2 * hkv, self.head_dim), cos, sin)
+        chunks = ops.split(qkv, hkv, 2)  # Hq/Hkv + 2 chunks of [B, N, Hkv, D]
+        groups = hq // hkv
+        q = chunks[0] if groups == 1 else ops.concat(chunks[:groups], 2)
+        return q, chunks[groups], chunks[groups + 1]

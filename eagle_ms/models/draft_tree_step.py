@@ -154,15 +154,16 @@ class DraftTreeStep(nn.Cell):
         return self.growth.finish(state, length, token)
 
     def rotary_tables(self, length):
-        """The rotary (cos, sin) of depths 1..D-1 (position L'-1+t, shared by the depth's k rows), computed
-        in one pass: a tuple of D-1 pairs of [B, 1, 1, Dh] (one rotary call and one split for all depths)."""
+        """The rotary head tables (cos, sin) of depths 1..D-1 (position L'-1+t, shared by the depth's k rows),
+        computed in one pass: a tuple of D-1 pairs of [B, 1, Hq+2Hkv, Dh] (one rotary call, one
+        ``head_tables`` and one split for all depths)."""
         if self.d == 1:
             return ()
         positions = length.reshape(-1, 1) + self.depth_offsets               # [B, D-1]
-        cos, sin = self.draft.rotary(positions)                              # [B, 1, D-1, Dh]
+        cos, sin = self.draft.midlayer.self_attn.head_tables(*self.draft.rotary(positions))  # [B, D-1, Hq+2Hkv, Dh]
         if self.d == 2:
             return ((cos, sin),)
-        return tuple(zip(ops.split(cos, 1, 2), ops.split(sin, 1, 2)))
+        return tuple(zip(ops.split(cos, 1, 1), ops.split(sin, 1, 1)))
 
     def expand(self, depth: int, tokens, feats, table, mask):
         """One k-row draft step at ``depth`` (``Eagle3Draft.step`` with this depth's constant cache rows and

@@ -229,12 +229,13 @@ class Eagle3Draft(nn.Cell):
 
     def layer(self, input_ids, feature, position_ids, rows, attn_mask):
         """Pre-norm midlayer output [B,N,H]; ``rows=None`` runs cache-free (attn_mask [B,N,N])."""
-        cos, sin = self.rotary(position_ids)
+        cos, sin = self.midlayer.self_attn.head_tables(*self.rotary(position_ids))
         return self.layer_rotated(input_ids, feature, cos, sin, rows, attn_mask)
 
     def layer_rotated(self, input_ids, feature, cos, sin, rows, attn_mask):
-        """``layer`` with the rotary tables given (``Rotary`` output [B,1,N,D], or [B,1,1,D] when every
-        row has the same position: the tree step computes one table per depth for all depths at once)."""
+        """``layer`` with the rotary head tables given (``CachedAttention.head_tables``: [B,N,Hq+2Hkv,D], or
+        [B,1,Hq+2Hkv,D] when every row has the same position: the tree step computes one per depth for all
+        depths at once)."""
         emb = ops.gather(self.embed_tokens.weight, input_ids, 0).astype(feature.dtype)  # [B,N,H]
         mask = self.mask_backend.prepare_mask(attn_mask)
         return self.midlayer(emb, feature, cos, sin, rows, mask)

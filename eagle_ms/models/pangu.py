@@ -98,7 +98,7 @@ class PanguForCausalLM(nn.Cell):
     def hidden_states(self, input_ids, position_ids, rows, attn_mask):
         """(final-norm hidden [B,N,H] in the compute dtype, aux [B,N,3H]); arguments as ``forward``."""
         x = ops.gather(self.model.embed_tokens.weight, input_ids, 0)  # [B, N, H]
-        cos, sin = self.rotary(position_ids)
+        cos, sin = self.model.layers[0].self_attn.head_tables(*self.rotary(position_ids))  # shared by all layers
         mask = self.mask_backend.prepare_mask(attn_mask)
         aux = ()
         for i, layer in enumerate(self.model.layers):

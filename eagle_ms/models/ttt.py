@@ -153,7 +153,7 @@ class TTTDraft(nn.Cell):
             ids = shift_left(input_ids, i + 1)
             emb = ops.gather(draft.embed_tokens.weight, ids, 0).astype(feature.dtype)
             x = layer.normed_inputs(emb, feature)                              # [B,T,2H]
-            cos, sin = draft.rotary(positions + i)
+            cos, sin = attn.head_tables(*draft.rotary(positions + i))
             q, k, v = attn.project(x, cos, sin)                                # [B,T,heads,D]
             q, k, v = q.swapaxes(1, 2), k.swapaxes(1, 2), v.swapaxes(1, 2)
             keys += (k,)
