@@ -242,7 +242,6 @@ class Eagle3Draft(nn.Cell):
 
     def logprobs(self, hidden):
         """hidden [B,N,H] -> log-softmax over the draft vocabulary [B,N,Vd] fp32."""
-        b, n, _ = hidden.shape
         x = self.norm(hidden)
         logits = self.lm_head(x).astype(ms.float32)  # [B,N,Vd]
         return ops.log_softmax(logits, axis=-1)
