@@ -111,6 +111,12 @@ def read_unique_records(path: str, log=None) -> list[dict]:
     return records
 
 
+def record_line(record: dict) -> bytes:
+    """One JSONL line of ``record`` as every writer here encodes it: compact JSON, non-ASCII kept, UTF-8,
+    newline-terminated (so a file rewritten from its records has the bytes the appender wrote)."""
+    return (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+
+
 class JsonlAppender:
     """Append records durably: one ``write`` per record (continued only after a short write), then fsync.
 
@@ -124,7 +130,7 @@ class JsonlAppender:
         self._fd: int | None = None
 
     def append(self, record: dict) -> None:
-        data = memoryview((json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8"))
+        data = memoryview(record_line(record))
         try:
             if self._fd is None:
                 os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)

@@ -30,7 +30,7 @@ import time
 
 from eagle_ms.files import atomic_write
 from eagle_ms.locks import OutputInUseError, describe, file_holder, lock_file
-from eagle_ms.train.jsonl import open_resumable, read_records
+from eagle_ms.train.jsonl import open_resumable, read_records, record_line
 
 PART_RE = re.compile(r"\.part(\d+)-of-(\d+)$")
 
@@ -128,11 +128,11 @@ def merge_parts(out: str, locked: bool = False) -> int:
 
     def write(fh):
         for record in ordered:
-            fh.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
+            fh.write(record_line(record))
         fh.flush()
         os.fsync(fh.fileno())
     if ordered or os.path.exists(out):
-        atomic_write(out, write)
+        atomic_write(out, write, binary=True)
     for part in parts:
         for path in (receipt_path(part), part):
             try:
