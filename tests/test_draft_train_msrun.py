@@ -7,12 +7,12 @@ The 1-worker reference runs in this process with the same YAML; the msrun run is
 """
 import json
 import os
-import subprocess
 
 import numpy as np
 import pytest
 
-from conftest import REPO, free_port
+from conftest import REPO
+from helpers_msrun import run_msrun
 from eagle_ms.config import load_config
 from eagle_ms.draft_weights import load_draft_checkpoint, random_draft_state
 from eagle_ms.train.draft_trainer import DraftTrainConfig, DraftTraining, draft_optim
@@ -46,11 +46,8 @@ def _args(data, out, work):
 
 def test_two_workers_equal_one_worker(setup):
     root, data = setup
-    log_dir = root / "logs"
-    cmd = ["bash", SCRIPT, "--workers", "2", "--master-port", str(free_port()), "--log-dir", str(log_dir), "--",
-           "--config", str(root / "tiny.yaml"), *_args(data, root / "two", root / "w_two")]
-    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300)
-    logs = {name: (log_dir / name).read_text(errors="replace") for name in os.listdir(log_dir)}
+    proc, logs = run_msrun(SCRIPT, root, root / "logs",
+                           ["--config", str(root / "tiny.yaml"), *_args(data, root / "two", root / "w_two")])
     assert proc.returncode == 0, proc.stderr[-2000:] + logs.get("worker_1.log", "")[-2000:]
     assert "rank 1 of 2" in logs["worker_1.log"] and f"step {STEPS}/{STEPS}" in logs["worker_0.log"]
 

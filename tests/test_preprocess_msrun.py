@@ -7,26 +7,18 @@ The 1-worker reference runs in this process with the same YAML; the msrun runs a
 """
 import json
 import os
-import subprocess
 
 import numpy as np
 import pytest
 
-from conftest import REPO, free_port
+from conftest import REPO
+from helpers_msrun import run_msrun, tiny_teacher_yaml
 from eagle_ms.config import load_config
 from eagle_ms.train import shards as sh
 from eagle_ms.train.preprocess import PreprocessOptions, run_preprocess
 
 SCRIPT = os.path.join(REPO, "scripts", "msrun_preprocess.sh")
-TOKENIZER = os.path.join(REPO, "eagle_ms", "assets", "demo", "tokenizer.model")
-YAML = f"""
-model:
-  model_config: {{vocab_size: 8000, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 3,
-                 num_attention_heads: 4, num_key_value_heads: 2, eos_token_id: 4}}
-  checkpoint: null
-tokenizer: {{model_file: {TOKENIZER}, chat_template: openpangu}}
-runtime: {{seq_length: 32, prefill_chunk: 16, seed: 3}}
-"""
+YAML = tiny_teacher_yaml("{seq_length: 32, prefill_chunk: 16, seed: 3}")
 N_SAMPLES = 8  # shard size 1, 2 groups: shards 0..7; rank 0 owns the even ones, rank 1 the odd ones
 ARGS = ["--shard-size", "1", "--shard-groups", "2", "--min-bucket", "16"]
 
@@ -49,12 +41,8 @@ def setup(tmp_path_factory):
 
 def _msrun(root, out, env=None):
     log_dir = root / f"logs-{os.path.basename(out)}-{len(os.listdir(root))}"
-    cmd = ["bash", SCRIPT, "--workers", "2", "--master-port", str(free_port()), "--log-dir", str(log_dir), "--",
-           "--config", str(root / "tiny.yaml"), "--data", str(root / "data.jsonl"), "--out", str(out), *ARGS]
-    proc = subprocess.run(cmd, cwd=root, env={**os.environ, **(env or {})}, capture_output=True, text=True,
-                          timeout=300)
-    logs = {name: (log_dir / name).read_text(errors="replace") for name in os.listdir(log_dir)}
-    return proc, logs
+    return run_msrun(SCRIPT, root, log_dir, ["--config", str(root / "tiny.yaml"), "--data", str(root / "data.jsonl"),
+                                             "--out", str(out), *ARGS], env)
 
 
 def _shard_files(out):

@@ -7,26 +7,18 @@ runtime.seed); the msrun run is a subprocess (~20 s on 2 shared cores).
 """
 import json
 import os
-import subprocess
 
 import pytest
 
-from conftest import REPO, free_port
+from conftest import REPO
+from helpers_msrun import run_msrun, tiny_teacher_yaml
 from eagle_ms.config import load_config
 from eagle_ms.runtime import setup_context
 from eagle_ms.train.regenerate import RegenOptions, run_regenerate
 
 SCRIPT = os.path.join(REPO, "scripts", "msrun_regenerate.sh")
-TOKENIZER = os.path.join(REPO, "eagle_ms", "assets", "demo", "tokenizer.model")
-YAML = f"""
-model:
-  model_config: {{vocab_size: 8000, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 3,
-                 num_attention_heads: 4, num_key_value_heads: 2, eos_token_id: 4}}
-  checkpoint: null
-tokenizer: {{model_file: {TOKENIZER}, chat_template: openpangu}}
-runtime: {{seq_length: 96, prefill_chunk: 16, batch_size: 2, seed: 5}}
-generation: {{max_new_tokens: 5}}
-"""
+YAML = tiny_teacher_yaml("{seq_length: 96, prefill_chunk: 16, batch_size: 2, seed: 5}",
+                         "generation: {max_new_tokens: 5}\n")
 N_CONVERSATIONS = 5
 
 
@@ -47,12 +39,8 @@ def setup(tmp_path_factory):
 
 def _msrun(root, out):
     log_dir = root / f"logs-{len(os.listdir(root))}"
-    cmd = ["bash", SCRIPT, "--workers", "2", "--master-port", str(free_port()), "--log-dir", str(log_dir), "--",
-           "--config", str(root / "tiny.yaml"), "--data", str(root / "data.jsonl"), "--out", str(out),
-           "--wait-timeout", "240"]
-    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300)
-    logs = {name: (log_dir / name).read_text(errors="replace") for name in os.listdir(log_dir)}
-    return proc, logs
+    return run_msrun(SCRIPT, root, log_dir, ["--config", str(root / "tiny.yaml"), "--data", str(root / "data.jsonl"),
+                                             "--out", str(out), "--wait-timeout", "240"])
 
 
 def test_two_workers_write_the_one_process_file(setup):
