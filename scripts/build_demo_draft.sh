@@ -18,6 +18,10 @@
 # batch of 4 over the workers (the gradients of the same global loss, docs/training.md). Their progress
 # then goes to WORK/logs/<stage>/worker_<rank>.log.
 #
+# DEMO_DRAFT_MICRO_BATCH=b: train-draft runs the batch as micro-batches of b samples and sums their
+# gradients (the same step, less memory). Default: the whole batch at ANSWER <= 256, 1 above (at 1 024-token
+# answers, a batch of 4 in one graph does not fit in 24 GB; docs/training.md).
+#
 # Every stage resumes: regenerate skips finished conversation ids, preprocess keeps finished shards,
 # build-vocab keeps an existing mapping, train-draft resumes from its newest checkpoint. Rerun after an
 # interruption. The numbers below are the recipe MODEL_CARD.md reports; change them only together.
@@ -73,6 +77,10 @@ stage regenerate --config "$CFG" "${TEACHER[@]}" --set runtime.seq_length=$((PRO
   --max-prompt-tokens "$PROMPT"
 stage preprocess --config "$CFG" "${TEACHER[@]}" --data "$WORK/regen.jsonl" --out "$WORK/features" --max-len $((PROMPT + ANSWER))
 "$PY" -m eagle_ms.cli build-vocab --data "$WORK/features" --draft-vocab-size 2048 --out "$WORK/vocab.safetensors"
+MICRO=${DEMO_DRAFT_MICRO_BATCH:-}
+if [ -z "$MICRO" ] && [ "$ANSWER" -gt 256 ]; then MICRO=1; fi
+MICRO_ARGS=()
+if [ -n "$MICRO" ]; then MICRO_ARGS=(--micro-batch "$MICRO"); fi
 stage train-draft --config "$CFG" "${TEACHER[@]}" --data "$WORK/features" --vocab "$WORK/vocab.safetensors" --out "$OUT" \
   --work-dir "$WORK/train" --steps "$STEPS" --batch-size 4 --max-len $((PROMPT + ANSWER)) --lr 1e-3 --warmup 50 \
-  --eval-every 250 --save-every 100 --export-dtype float16
+  --eval-every 250 --save-every 100 --export-dtype float16 "${MICRO_ARGS[@]}"

@@ -161,6 +161,23 @@ def test_resume_continues_exactly_and_online_equals_offline(data, tmp_path):
     assert hist_part == hist_full  # the history survives the restart too
 
 
+def test_micro_batches_take_the_same_steps_as_the_whole_batch(data, tmp_path):
+    """--micro-batch 1 and 2 (gradients summed over 4 and 2 graph calls) == the batch of 4 in one call."""
+    runs = {}
+    for micro in (None, 1, 2):
+        tc = train_config(data, str(tmp_path / f"o{micro}"), str(tmp_path / f"w{micro}"), micro_batch=micro)
+        DraftTraining(data["cfg"], tc, log=quiet).run()
+        with open(tmp_path / f"w{micro}" / "summary.json", encoding="utf-8") as fh:
+            runs[micro] = (_weights(tmp_path / f"o{micro}"), np.array(json.load(fh)["history"]["train"]))
+    whole, whole_loss = runs[None]
+    for micro in (1, 2):
+        weights, losses = runs[micro]
+        np.testing.assert_allclose(losses, whole_loss, rtol=1e-5, err_msg=f"micro-batch {micro}: losses")
+        for key in whole:
+            np.testing.assert_allclose(weights[key], whole[key], rtol=1e-4, atol=1e-5,
+                                       err_msg=f"micro-batch {micro}: {key}")
+
+
 def test_refusals(data, tmp_path):
     tc = train_config(data, str(tmp_path / "o"), str(tmp_path / "w"), stop_after=1)
     DraftTraining(data["cfg"], tc, log=quiet).run()
@@ -172,6 +189,11 @@ def test_refusals(data, tmp_path):
         DraftTraining(other, train_config(data, str(tmp_path / "o2"), str(tmp_path / "w2")), log=quiet)
     with pytest.raises(ValueError, match="exactly one of"):
         train_config(data, "o", "w", online=data["regen"])
+    with pytest.raises(ValueError, match="micro_batch 3 must divide the local batch of 4 samples"):
+        DraftTraining(data["cfg"], train_config(data, str(tmp_path / "o3"), str(tmp_path / "w3"), micro_batch=3),
+                      log=quiet)
+    with pytest.raises(ValueError, match="micro_batch = 0"):
+        train_config(data, "o", "w", micro_batch=0)
 
 
 def test_a_busy_work_dir_and_an_unwritable_out_are_refused_before_step_1(data, tmp_path):

@@ -18,7 +18,7 @@ from eagle_ms.draft_weights import load_draft_state, random_draft_state
 from eagle_ms.drafting import TreeParams
 from eagle_ms.eagle3_drafter import Eagle3Drafter
 from eagle_ms.models.eagle3 import Eagle3Config, Eagle3Draft
-from eagle_ms.models.ttt import TeacherTargets, TTTDraft, TTTEval, TTTLoss
+from eagle_ms.models.ttt import TeacherTargets, TTTDraft, TTTEval, TTTLoss, step_counts
 
 CFG = Eagle3Config(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
                    vocab_size=64, draft_vocab_size=40, target_hidden_size=24, aux_layer_ids=(0, 1, 2))
@@ -145,7 +145,9 @@ def test_ttt_loss_matches_numpy_reference(case, mode, steps):
     ref_loss, ref_sums, ref_counts, _, _ = np_ttt(c["state"], c["embed"], c["ids"], c["aux"], p, m, steps, mode)
     core = TTTDraft(c["draft"], steps, mode)
     args = (Tensor(c["ids"]), Tensor(c["aux"]), Tensor(p.astype(np.float32)), Tensor(m.astype(np.float32)))
-    loss = float(TTTLoss(core)(*args).asnumpy())
+    counts = step_counts(m, steps)
+    np.testing.assert_array_equal(counts, ref_counts)
+    loss = float(TTTLoss(core)(*args, Tensor(np.maximum(counts, 1).astype(np.float32))).asnumpy())
     assert abs(loss - ref_loss) / abs(ref_loss) < 1e-4, (loss, ref_loss)
     tops, sums, counts = TTTEval(core)(*args)
     assert _rel(sums.asnumpy(), ref_sums) < 1e-4

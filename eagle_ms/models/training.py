@@ -1,7 +1,9 @@
 """Training-time graphs of the teacher and the generic train step (inference never builds these).
 
 * ``TrainStep``: loss, grad, (data-parallel gradient reduction), global-norm clipping and the optimiser
-  update in one compiled graph; shared by the teacher LM trainer and the EAGLE-3 draft trainer.
+  update in one compiled graph (the teacher LM trainer).
+* ``LossAndGrads``, ``AddGrads``, ``ApplyGrads``: the same step cut in three graphs, so that the gradients of
+  several micro-batches can be summed before one update (the EAGLE-3 draft trainer's ``--micro-batch``).
 * ``CausalLMLoss``, ``CausalLMTokenLoss``: the teacher's next-token cross entropy over fixed windows, mean
   and per token (held-out loss by position band; eagle_ms/train/teacher_lm.py).
 * ``TeacherFeatureNet``: the teacher's cache-free forward without the lm_head, the features of draft
@@ -16,28 +18,58 @@ from mindspore import Tensor, nn, ops
 from eagle_ms.models.pangu import PanguForCausalLM, PanguFullSequence
 
 
+class ApplyGrads(nn.Cell):
+    """construct(grads) -> the optimiser's result: (data-parallel mean,) global-norm clip, update.
+
+    ``grad_reducer`` (optional) averages gradients across data-parallel ranks before clipping.
+    """
+
+    def __init__(self, optimizer: nn.Optimizer, grad_clip: float, grad_reducer=None):
+        super().__init__(auto_prefix=False)
+        self.optimizer = optimizer
+        self.grad_clip = grad_clip
+        self.grad_reducer = grad_reducer if grad_reducer is not None else ops.identity
+
+    def construct(self, grads):
+        grads = self.grad_reducer(grads)
+        grads = ops.clip_by_global_norm(grads, self.grad_clip)
+        return self.optimizer(grads)
+
+
 class TrainStep(nn.Cell):
     """loss, grad, clip, update in one graph: construct(*batch) -> loss (scalar fp32).
 
-    ``loss_net(*batch)`` returns a scalar loss; ``grad_reducer`` (optional) averages gradients across
-    data-parallel ranks before clipping.
+    ``loss_net(*batch)`` returns a scalar loss; ``grad_reducer``: see ``ApplyGrads``.
     """
 
     def __init__(self, loss_net: nn.Cell, optimizer: nn.Optimizer, grad_clip: float, grad_reducer=None):
         super().__init__(auto_prefix=False)
         self.loss_net = loss_net
-        self.optimizer = optimizer
-        self.weights = optimizer.parameters
-        self.grad_fn = ops.value_and_grad(loss_net, None, self.weights)
-        self.grad_clip = grad_clip
-        self.grad_reducer = grad_reducer if grad_reducer is not None else ops.identity
+        self.grad_fn = ops.value_and_grad(loss_net, None, optimizer.parameters)
+        self.apply_grads = ApplyGrads(optimizer, grad_clip, grad_reducer)
 
     def construct(self, *batch):
         loss, grads = self.grad_fn(*batch)
-        grads = self.grad_reducer(grads)
-        grads = ops.clip_by_global_norm(grads, self.grad_clip)
-        loss = ops.depend(loss, self.optimizer(grads))
-        return loss
+        return ops.depend(loss, self.apply_grads(grads))
+
+
+class LossAndGrads(nn.Cell):
+    """construct(*batch) -> (loss, grads of ``weights``): one micro-batch, no update."""
+
+    def __init__(self, loss_net: nn.Cell, weights):
+        super().__init__(auto_prefix=False)
+        self.loss_net = loss_net
+        self.grad_fn = ops.value_and_grad(loss_net, None, weights)
+
+    def construct(self, *batch):
+        return self.grad_fn(*batch)
+
+
+class AddGrads(nn.Cell):
+    """construct(total, grads) -> the elementwise sums (two tuples of the same shapes)."""
+
+    def construct(self, total, grads):
+        return tuple(a + g for a, g in zip(total, grads))
 
 
 class CausalLMLoss(nn.Cell):

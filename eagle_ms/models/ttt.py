@@ -167,10 +167,13 @@ class TTTDraft(nn.Cell):
 
 
 class TTTLoss(nn.Cell):
-    """construct(input_ids [B,T] i32, aux [B,T,3Ht], target_p [B,T,Vd] f32, valid [B,T] f32) -> scalar.
+    """construct(input_ids [B,T] i32, aux [B,T,3Ht], target_p [B,T,Vd] f32, valid [B,T] f32, counts [S] f32)
+    -> scalar.
 
-    ``world`` > 1: the per-step loss-position counts are all-reduced (sum) across ranks, and the local
-    loss is scaled by ``world`` so that averaging the ranks' gradients gives the global loss's gradient.
+    ``counts[i]`` is step i's number of loss positions over the GLOBAL batch, every micro-batch and every
+    data-parallel rank (``step_counts`` of each micro-batch's ``valid``, summed, all-reduced, floored at 1),
+    so the losses of the micro-batches of one step add up to the loss of the whole batch. The local loss is
+    scaled by ``world`` so that averaging the ranks' gradients gives the global loss's gradient.
     """
 
     def __init__(self, core: TTTDraft, decay: float = 0.8, world: int = 1):
@@ -178,20 +181,19 @@ class TTTLoss(nn.Cell):
         self.core = core
         self.weights = Tensor(np.asarray([decay ** i for i in range(core.steps)], np.float32))
         self.world = float(world)
-        self.allreduce = ops.AllReduce() if world > 1 else None
 
-    def construct(self, input_ids, aux, target_p, valid):
+    def construct(self, input_ids, aux, target_p, valid, counts):
         hiddens = self.core.unroll(input_ids, aux)
-        sums, counts = (), ()
+        sums = ()
         for i in range(self.core.steps):
-            s, c = step_terms(self.core.draft.logprobs(hiddens[i]), target_p, valid, i + 1)
+            s, _ = step_terms(self.core.draft.logprobs(hiddens[i]), target_p, valid, i + 1)
             sums += (s,)
-            counts += (c,)
-        counts = ops.stack(counts)
-        if self.allreduce is not None:
-            counts = self.allreduce(counts)
-        counts = ops.stop_gradient(ops.maximum(counts, 1.0))
         return (self.weights * ops.stack(sums) / counts).sum() * self.world
+
+
+def step_counts(valid: np.ndarray, steps: int) -> np.ndarray:
+    """Host count of ``step_terms``'s loss positions: valid [B, T] -> [steps] float64, entry i = sum(valid[:, i+1:])."""
+    return np.array([valid[:, i + 1:].sum(dtype=np.float64) for i in range(steps)])
 
 
 class TTTEval(nn.Cell):

@@ -93,7 +93,8 @@ def cmd_train_draft(args) -> int:
     cfg = load_config(config_path(args), overrides(args))
     tc = DraftTrainConfig(
         out=args.out, work_dir=args.work_dir, data=args.data, online=args.online, vocab=args.vocab, init=args.init,
-        steps=args.steps, stop_after=args.stop_after, batch_size=args.batch_size, max_len=args.max_len,
+        steps=args.steps, stop_after=args.stop_after, batch_size=args.batch_size, micro_batch=args.micro_batch,
+        max_len=args.max_len,
         buckets=tuple(int(b) for b in args.buckets.split(",")) if args.buckets else None,
         min_bucket=args.min_bucket, ttt_steps=args.ttt_steps, decay=args.decay, ttt_mask=args.ttt_mask,
         eval_every=args.eval_every, eval_samples=args.eval_samples, holdout_every=args.holdout_every,
@@ -174,6 +175,8 @@ def add_parsers(sub) -> None:
     t.add_argument("--total-steps", type=int, help="length of the lr schedule (default: --steps)")
     t.add_argument("--stop-after", type=int, help="checkpoint and stop after this step (resume later)")
     t.add_argument("--batch-size", type=int, default=8, help="global batch, split over workers (default: %(default)s)")
+    t.add_argument("--micro-batch", type=int, help="samples per graph call; their gradients are summed before "
+                   "one update, same step as the whole batch with less memory (default: the local batch)")
     t.add_argument("--max-len", type=int, help="tokens per sample (default: the features' max_len)")
     t.add_argument("--buckets", help="comma-separated padded lengths (default: doubling from --min-bucket)")
     t.add_argument("--min-bucket", type=int, default=64)

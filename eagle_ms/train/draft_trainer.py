@@ -4,8 +4,16 @@ Pieces: ``ttt`` (the unrolled draft, loss and eval Cells), ``ttt_data`` (sources
 ``ttt_metrics`` (held-out acceptance), ``optim`` (AdamW + warmup/cosine + clipping), ``checkpoint``
 (atomic resumable checkpoints). Per step, for the local batch:
 
-    teacher targets graph: hidden [B,T,Ht] -> P restricted to the draft vocabulary, mask m, argmax
-    train graph:           TTT loss -> grads -> all-reduce mean (msrun) -> clip -> AdamW
+    teacher targets graph: hidden [b,T,Ht] -> P restricted to the draft vocabulary, mask m, argmax
+                           (per micro-batch of b = --micro-batch samples)
+    host:                  per-step loss-position counts of the whole batch (all-reduced over ranks)
+    grad graph:            TTT loss -> grads, per micro-batch; the grads are summed on the device
+    apply graph:           all-reduce mean (msrun) -> clip -> AdamW, once per step
+
+Micro-batches change the memory, not the step: every micro-batch's loss divides by the counts of the
+whole global batch, so the summed loss and gradients are those of the whole batch (up to float order).
+The unrolled TTT graph keeps every step's [b, H, T, T] attention scores for the backward, so its memory grows
+with b x T^2: at T = 1 280 a batch of 4 in one graph does not fit in 24 GB (docs/training.md).
 
 Frozen: the teacher's token embedding (a non-trainable copy inside the draft) and lm_head (targets
 only). Trained: fc, midlayer.*, norm, lm_head of the draft. Every rank starts from the same seeded
@@ -19,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -30,8 +39,8 @@ from eagle_ms.files import check_can_create, write_json_atomic
 from eagle_ms.locks import lock_dir
 from eagle_ms.train import ttt_data as td
 from eagle_ms.train.checkpoint import latest_step, load_train_state, save_train_state
-from eagle_ms.models.training import TrainStep
-from eagle_ms.models.ttt import AllReduceSum, TeacherTargets, TTTDraft, TTTEval, TTTLoss
+from eagle_ms.models.training import AddGrads, ApplyGrads, LossAndGrads
+from eagle_ms.models.ttt import AllReduceSum, TeacherTargets, TTTDraft, TTTEval, TTTLoss, step_counts
 from eagle_ms.train.optim import OptimConfig, lr_schedule, make_optimizer, trainable
 from eagle_ms.train.ttt_metrics import FIELDS, batch_counts, summarize
 
@@ -60,6 +69,7 @@ class DraftTrainConfig:
     steps: int = 1000
     stop_after: int | None = None  # stop (and checkpoint) after this step: time-boxed jobs, tests
     batch_size: int = 8  # global batch (split over the workers)
+    micro_batch: int | None = None  # samples per graph call (divides the local batch); None = the local batch
     max_len: int | None = None  # None: the features' max_len (online: runtime.seq_length)
     buckets: tuple[int, ...] | None = None  # None: doubling from min_bucket up to max_len
     min_bucket: int = 64
@@ -81,6 +91,8 @@ class DraftTrainConfig:
         for name in ("steps", "batch_size", "ttt_steps", "log_every", "save_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} = {getattr(self, name)!r}: must be >= 1")
+        if self.micro_batch is not None and self.micro_batch < 1:
+            raise ValueError(f"micro_batch = {self.micro_batch!r}: must be >= 1")
         if self.export_dtype not in EXPORT_DTYPES:
             raise ValueError(f"export dtype {self.export_dtype!r}: must be one of {EXPORT_DTYPES}")
         if not 0 < self.decay <= 1:
@@ -107,7 +119,12 @@ class DraftTraining:
         self.cfg, self.tc, self.rank, self.world = cfg, tc, rank, world
         self.log = log if rank == 0 else (lambda *_: None)
         self.source, extractor = open_source(cfg, tc, self.log)
-        td.rank_slice(tc.batch_size, rank, world)  # the global batch must split evenly
+        share = td.rank_slice(tc.batch_size, rank, world)  # the global batch must split evenly
+        local = share.stop - share.start
+        self.micro = tc.micro_batch or local
+        if local % self.micro:
+            raise ValueError(f"micro_batch {self.micro} must divide the local batch of {local} samples "
+                             f"(batch size {tc.batch_size} over {world} worker(s))")
         self.max_len = min(tc.max_len or self.source.max_len, self.source.max_len)
         self.buckets = td.resolve_buckets(tc.buckets, self.max_len, tc.min_bucket)
         embed, head = teacher_tensors(cfg, extractor)
@@ -120,7 +137,9 @@ class DraftTraining:
         reducer = None
         if world > 1:
             reducer = nn.DistributedGradReducer(self.optimizer.parameters, mean=True, degree=world)
-        self.step_cell = TrainStep(TTTLoss(self.core, tc.decay, world), self.optimizer, tc.optim.grad_clip, reducer)
+        self.grad_cell = LossAndGrads(TTTLoss(self.core, tc.decay, world), self.optimizer.parameters)
+        self.add_grads = AddGrads()
+        self.apply_cell = ApplyGrads(self.optimizer, tc.optim.grad_clip, reducer)
         self.evaluator = TTTEval(self.core)
         self.reduce_cell = AllReduceSum() if world > 1 else None
         self.ckpt_dir = os.path.join(tc.work_dir, "checkpoints")
@@ -133,21 +152,33 @@ class DraftTraining:
             return np.asarray(x, np.float64)
         return self.reduce_cell(Tensor(np.asarray(x, np.float32))).asnumpy().astype(np.float64)
 
-    def local_batch(self, step: int) -> td.Batch:
+    def local_batches(self, step: int) -> list[td.Batch]:
+        """This rank's share of step ``step``'s global batch, as micro-batches (each padded to its own bucket)."""
         b = self.tc.batch_size
         mine = self.order.indices(step * b, b)[td.rank_slice(b, self.rank, self.world)]
-        return td.make_batch([self.source.get(i, self.max_len) for i in mine], self.buckets)
+        samples = [self.source.get(i, self.max_len) for i in mine]
+        return [td.make_batch(samples[k:k + self.micro], self.buckets) for k in range(0, len(samples), self.micro)]
 
-    def train_step(self, batch: td.Batch) -> float:
-        """One optimiser step on the local batch; returns the local loss (world * this rank's share)."""
-        target_p, valid, _ = self.targets(Tensor(batch.hidden), Tensor(batch.loss_mask))
-        loss = self.step_cell(Tensor(batch.input_ids), Tensor(batch.aux), target_p, valid)
-        return float(loss.asnumpy())
+    def train_step(self, micro_batches: list[td.Batch]) -> float:
+        """One optimiser step on the local micro-batches; returns the local loss (world * this rank's share).
+
+        Every rank calls the counts all-reduce once per step, before its first gradient.
+        """
+        targets = [self.targets(Tensor(mb.hidden), Tensor(mb.loss_mask))[:2] for mb in micro_batches]
+        counts = sum(step_counts(valid.asnumpy(), self.tc.ttt_steps) for _, valid in targets)
+        counts = Tensor(np.maximum(self.allreduce(counts), 1.0).astype(np.float32))  # [S] global
+        loss, total = 0.0, None
+        for mb, (target_p, valid) in zip(micro_batches, targets):
+            part, grads = self.grad_cell(Tensor(mb.input_ids), Tensor(mb.aux), target_p, valid, counts)
+            total = grads if total is None else self.add_grads(total, grads)
+            loss += float(part.asnumpy())
+        self.apply_cell(total)
+        return loss
 
     def evaluate(self) -> dict:
         """Held-out TTT loss and acceptance (ttt_metrics), over all ranks' shares of the held-out set."""
         mine = self.heldout[self.rank::self.world]
-        b = max(self.tc.batch_size // self.world, 1)
+        b = self.micro
         counts = np.zeros((len(FIELDS), self.tc.ttt_steps), np.float64)
         for start in range(0, len(mine), b):
             batch = td.make_batch([self.source.get(i, self.max_len) for i in mine[start:start + b]], self.buckets)
@@ -211,12 +242,13 @@ class DraftTraining:
         lrs = lr_schedule(tc.optim)
         meter = _Meter(end, self.log)
         for step in range(start, end):
-            batch = self.local_batch(step)
-            loss = self.train_step(batch)
+            micro_batches = self.local_batches(step)
+            loss = self.train_step(micro_batches)
             if not np.isfinite(loss):
                 raise FloatingPointError(f"loss is {loss} at step {step + 1} on rank {self.rank}; the last "
                                          f"checkpoint is kept in {self.ckpt_dir}")
-            stats = self.allreduce([loss / self.world, batch.tokens, batch.loss_tokens])
+            stats = self.allreduce([loss / self.world, sum(mb.tokens for mb in micro_batches),
+                                    sum(mb.loss_tokens for mb in micro_batches)])
             done = step + 1
             history["train"].append([done, float(stats[0])])
             meter.update(done, float(stats[0]), int(stats[1]), float(lrs[min(step, lrs.size - 1)]),
@@ -231,13 +263,19 @@ class DraftTraining:
         summary = {"steps_done": max(end, start), "finished": max(end, start) >= tc.steps, "rank": self.rank,
                    "world": self.world, "train_tokens_per_s": meter.rate(), "last_loss": (history["train"] or
                    [[0, None]])[-1][1], "eval": history["eval"][-1] if history["eval"] else None,
-                   "untrained_eval": history["eval"][0] if history["eval"] and history["eval"][0][0] == 0 else None}
+                   "untrained_eval": history["eval"][0] if history["eval"] and history["eval"][0][0] == 0 else None,
+                   "peak_rss_gib": peak_rss_gib()}
         if summary["finished"] and self.rank == 0:
             summary["out"] = self.export()
             self.log(f"[train-draft] exported the draft to {summary['out']}")
         if self.rank == 0:
             write_json_atomic(os.path.join(tc.work_dir, "summary.json"), {**summary, "history": history}, indent=None)
         return summary
+
+
+def peak_rss_gib() -> float:
+    """This process's peak resident memory so far (Linux ``ru_maxrss``, KiB), in GiB."""
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20, 2)
 
 
 def _fmt_eval(m: dict) -> str:
