@@ -4,8 +4,9 @@ one small int read (the packed result, eagle_ms/models/step_result.py) instead o
 
 ``DeviceVerifier`` owns one ``VerifyStep`` (trees, N = budget + 1) and one ``DecodeStep`` (teacher-only
 and fallback steps: the root alone) per attention window of the ``TeacherRunner``, picks the window
-as ``TeacherRunner.attention_width(L + N)`` does, and keeps the runner's ``BranchCache`` committed length
-right (L += A + 1 after every call; the K/V commit itself happens inside the graph).
+as ``TeacherRunner.attention_width(L + N)`` does, and commits through the runner's ``BranchCache``
+(``commit_by_path`` on the node ids it reads: L += A + 1, and only an accepted path out of slot order
+moves K/V rows, with one call of the model's ``CacheMover`` graph; the chain-first prefix moves nothing).
 
 Tree inputs come from host ``tree.tensorize`` (``TreeInputs.from_tree``) or straight from the draft
 graph's outputs (``TreeInputs(...)`` over its device tensors, which the host never reads). Reference mode
@@ -76,7 +77,8 @@ class DeviceStep:
 
 
 class DeviceVerifier:
-    """Verify + accept + commit in one graph call per step, over a TeacherRunner's teacher and cache."""
+    """Verify + accept in one graph call per step (+ a CacheMover call for an out-of-order path), over a
+    TeacherRunner's teacher and cache."""
 
     def __init__(self, runner: TeacherRunner, max_depth: int, reference: bool = False,
                  sampling: SamplingParams = GREEDY):
@@ -130,15 +132,13 @@ class DeviceVerifier:
     def _finish(self, outputs, host: TreeTensors | None) -> DeviceStep:
         """Read the packed result (the one host read of a step); in reference mode check it against
         ``greedy_accept`` on the graph's per-node choices when the ``host`` tree is known; advance the
-        runner's committed length by A + 1 (the graph already moved the K/V)."""
+        runner's committed length by A + 1, moving K/V rows only for a path out of slot order."""
         (packed,) = unpack_result(outputs[0].asnumpy())
         argmax = outputs[2].asnumpy()[0] if self.reference else None
         if argmax is not None and host is not None:
             _check_against_host(host, argmax, packed)
         a = packed.accepted_len
-        copied = not np.array_equal(packed.node_ids, np.arange(a + 1))
-        self.runner.cache.commit_by_length(a)  # the K/V are already at [L, L+A+1): the graph moved them
-        self.runner.cache.copies += int(copied)
+        copied = self.runner.cache.commit_by_path(packed.node_ids)
         return DeviceStep(a, packed.tokens, packed.node_ids, copied, outputs[0], outputs[1], argmax)
 
     def aux_rows(self, step: DeviceStep) -> np.ndarray:

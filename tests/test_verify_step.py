@@ -2,7 +2,7 @@
 
 Second implementations: the host path of today's loop (TeacherRunner.verify + verify.greedy_accept +
 BranchCache.commit_by_path) on the same teacher (cache snapshot / restore between the two), the host
-tree.verify_attention_mask and cache.path_move_slots, sequential one-token decoding of the committed
+tree.verify_attention_mask, sequential one-token decoding of the committed
 tokens (commit equivalence), teacher-only ``generate``, and hand-computed literals.
 """
 import dataclasses
@@ -14,12 +14,11 @@ import mindspore as ms
 from mindspore import Tensor, nn
 
 import eagle_ms.models.attention as attention
-from eagle_ms.cache import path_move_slots
 from eagle_ms.device_verify import DeviceAcceptMismatch, DeviceVerifier, TreeInputs, _check_against_host
 from eagle_ms.generate import DecodeSettings, generate
 from eagle_ms.host_step import redecoded_rows
 from eagle_ms.models.step_result import (StepResult, pack_result_numpy, result_width, unpack_result)
-from eagle_ms.models.verify_step import DecodeStep, DeviceAccept, VerifyStep, commit_slots, verify_mask
+from eagle_ms.models.verify_step import DecodeStep, DeviceAccept, VerifyStep, verify_mask
 from eagle_ms.oracle_drafter import OracleDrafter
 from eagle_ms.teacher import TeacherRunner
 from eagle_ms.tree import DraftTree, tensorize, verify_attention_mask
@@ -155,7 +154,7 @@ def test_device_accept_equals_greedy_accept_on_crafted_tables():
     assert tie_broken > 0  # some trees had several paths of the best length: the lowest row won
 
 
-# ------------------------------------------------------------------------------ in-graph mask and commit slots
+# ------------------------------------------------------------------------------ in-graph mask
 
 class _MaskCell(nn.Cell):
     def __init__(self, window):
@@ -164,15 +163,6 @@ class _MaskCell(nn.Cell):
 
     def construct(self, committed_len, tree_mask):
         return verify_mask(committed_len, tree_mask, self.window)
-
-
-class _SlotsCell(nn.Cell):
-    def __init__(self, capacity):
-        super().__init__()
-        self.capacity = capacity
-
-    def construct(self, committed_len, accepted, node_ids):
-        return commit_slots(committed_len, accepted, node_ids, self.capacity)
 
 
 def test_verify_mask_equals_host_mask():
@@ -184,26 +174,6 @@ def test_verify_mask_equals_host_mask():
     got = _MaskCell(window)(Tensor(np.array([t.committed_len for t in trees], np.int32)),
                             Tensor(np.stack([t.tree_mask for t in trees]))).asnumpy()
     np.testing.assert_array_equal(got, np.stack([verify_attention_mask(t, window) for t in trees]))
-
-
-def test_commit_slots_equal_path_move_slots():
-    """In-order, out-of-order, root-only and near-capacity paths; the docstring's example last."""
-    cases = [(5, [0, 1, 2]), (5, [0, 2, 7]), (9, [0]), (55, [0, 3, 8]), (59, [0, 1, 4]), (10, [0, 2, 5])]
-    width, capacity = MAX_DEPTH + 1, 64
-    ids = np.zeros((len(cases), width), np.int32)
-    for b, (_, path) in enumerate(cases):
-        ids[b, :len(path)] = path
-    src, dst = _SlotsCell(capacity)(Tensor(np.array([c[0] for c in cases], np.int32)),
-                                    Tensor(np.array([len(c[1]) - 1 for c in cases], np.int32)), Tensor(ids))
-    for b, (L, path) in enumerate(cases):
-        want_src, want_dst = path_move_slots(L, np.array(path), width, capacity)
-        assert src.asnumpy()[b].tolist() == want_src.tolist() and dst.asnumpy()[b].tolist() == want_dst.tolist()
-    example = _SlotsCell(18)(Tensor(np.array([10], np.int32)), Tensor(np.array([2], np.int32)),
-                             Tensor(np.array([[0, 2, 5, 0]], np.int32)))
-    assert [x.asnumpy()[0].tolist() for x in example] == [[10, 12, 15, 13], [10, 11, 12, 13]]
-    near = _SlotsCell(12)(Tensor(np.array([9], np.int32)), Tensor(np.array([1], np.int32)),
-                          Tensor(np.array([[0, 2, 0, 0]], np.int32)))
-    assert [x.asnumpy()[0].tolist() for x in near] == [[9, 11, 11, 0], [9, 10, 11, 0]]
 
 
 # ------------------------------------------------------------------------------ whole step vs the host path

@@ -1,4 +1,4 @@
-"""The verify graph of one speculative step: tree-masked teacher forward, greedy accept, commit by path.
+"""The verify graph of one speculative step: tree-masked teacher forward, greedy accept, accepted aux rows.
 
 One call of ``VerifyStep`` (per attention window W; the host picks the instance) does, in one graph:
 
@@ -6,15 +6,16 @@ One call of ``VerifyStep`` (per attention window W; the host picks the instance)
     teacher forward over the N tree rows, K/V written at slots L + node id  (PanguForCausalLM.hidden_states)
     argmax   = argmax of lm_logits                                [B, N]     (never leaves the graph)
     accept   = DeviceAccept(tokens, argmax, paths, path_lengths)            (== verify.greedy_accept)
-    commit   : every layer's K/V of slots L + node_ids[i] -> L + i          (KVCache.move, fixed D+1 rows)
     -> result [B, 2D+3] int32 (eagle_ms/models/step_result.py), accepted_aux [B, D+1, 3Ht]
        (+ argmax [B, N] int32 when built with reference=True)
 
 ``DecodeStep`` is the teacher-only step (the root alone at slot L): the same outputs from two inputs.
 
-No [B, N, V] or [B, N, 3Ht] tensor is an output. The host keeps the committed length: L += A + 1 after
-reading the result. Why the commit always moves D+1 rows (identity rows when the accepted path is the
-chain-first prefix) instead of branching on the path: docs/architecture.md §"Device-resident step".
+No [B, N, V] or [B, N, 3Ht] tensor is an output. The commit is not in this graph: the host reads the
+result anyway, and when the accepted path is the chain-first prefix (node ids 0..A, the common case) the
+accepted K/V already sit at [L, L+A+1) and nothing moves. Only an out-of-order path costs a second call,
+the model's ``CacheMover`` graph (``BranchCache.commit_by_path``, eagle_ms/device_verify.py). Why:
+docs/architecture.md §"Device-resident step".
 """
 from __future__ import annotations
 
@@ -87,26 +88,9 @@ class DeviceAccept(nn.Cell):
         return best_len, emitted, node_ids
 
 
-def commit_slots(committed_len, accepted, node_ids, capacity: int):
-    """Source and destination slots [B, D+1] of the commit by path (the in-graph ``path_move_slots``).
-
-    Entry i <= A moves slot L + node_ids[i] to L + i; entries past A copy slot (L + i) mod capacity onto
-    itself (identity: distinct destinations, in range near capacity, and the committed prefix is only
-    ever rewritten with its own value; gathers happen before scatters). In-order paths are all identity.
-    Example: L=10, A=2, node_ids [0,2,5,0], capacity 18 -> src [10,12,15,13], dst [10,11,12,13];
-    near capacity: L=9, A=1, node_ids [0,2,0,0], capacity 12 -> src [9,11,11,0], dst [9,10,11,0].
-    """
-    b, width = node_ids.shape
-    step = ops.arange(width, dtype=ms.int32).reshape(1, width)
-    start = committed_len.reshape(b, 1)
-    dst = (start + step) % capacity
-    src = ops.where(step <= accepted.reshape(b, 1), start + node_ids, dst)
-    return src, dst
-
-
 class TeacherStep(nn.Cell):
     """What the verify and decode graphs share: a ``PanguForCausalLM`` used in place (its caches), the
-    attention window W (reads of cache slots [0, W)), the commit width D + 1, the per-node choice
+    attention window W (reads of cache slots [0, W)), the result width (D + 1 rows), the per-node choice
     (``Sampler``: argmax at temperature 0) and the reference flag (also output the choices).
     Built with auto_prefix=False so the teacher's parameter names (its checkpoint keys) stay as they are.
     """
@@ -141,7 +125,6 @@ class VerifyStep(TeacherStep):
                  sampling: SamplingParams = GREEDY):
         super().__init__(teacher, max_depth, window, reference, sampling)
         self.accept = DeviceAccept(max_depth)
-        self.caches = teacher.caches()
 
     def construct(self, tokens, position_ids, tree_mask, paths, path_lengths, committed_len):
         b, n = tokens.shape
@@ -151,27 +134,18 @@ class VerifyStep(TeacherStep):
         hidden, aux = self.teacher.hidden_states(tokens, position_ids, rows, allowed)  # [B,N,H], [B,N,3Ht]
         # the teacher's token after node k, at position position_ids[k] + 1: argmax or the keyed sample
         argmax = self.choose(self.teacher.lm_logits(hidden), position_ids + 1)       # [B, N] int32
-        result, accepted_aux = self.accept_and_commit(tokens, argmax, aux, paths, path_lengths, committed_len)
+        result, accepted_aux = self.accept_rows(tokens, argmax, aux, paths, path_lengths)
         if self.reference:
             return result, accepted_aux, argmax
         return result, accepted_aux
 
-    def accept_and_commit(self, tokens, argmax, aux, paths, path_lengths, committed_len):
-        """N > 1: DeviceAccept, the commit by path, and the accepted nodes' aux rows [B, D+1, 3Ht]."""
+    def accept_rows(self, tokens, argmax, aux, paths, path_lengths):
+        """N > 1: DeviceAccept, packed, and the accepted nodes' aux rows [B, D+1, 3Ht]."""
         b, n = tokens.shape
         accepted, emitted, node_ids = self.accept(tokens, argmax, paths, path_lengths)
-        self.commit(committed_len, accepted, node_ids)
         flat = (ops.arange(b, dtype=ms.int32).reshape(b, 1) * n + node_ids).reshape(-1)
         accepted_aux = ops.gather(aux.reshape(b * n, -1), flat, 0).reshape(b, self.max_depth + 1, -1)
         return pack_result(accepted, emitted, node_ids), accepted_aux
-
-    def commit(self, committed_len, accepted, node_ids):
-        """Every layer: K/V of slots L + node_ids[i] -> L + i for i <= A (``commit_slots``)."""
-        src, dst = commit_slots(committed_len, accepted, node_ids, self.capacity)
-        src_rows = flat_rows(src, self.num_kv_heads, self.capacity)
-        dst_rows = flat_rows(dst, self.num_kv_heads, self.capacity)
-        for cache in self.caches:
-            cache.move(src_rows, dst_rows)
 
 
 class DecodeStep(TeacherStep):
