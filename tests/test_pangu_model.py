@@ -15,7 +15,7 @@ import mindspore as ms
 from mindspore import Tensor
 
 from eagle_ms.config import ModelConfig
-from eagle_ms.models.layers import Rotary, apply_rope, rope_inv_freq, swap_halves
+from eagle_ms.models.layers import Rotary, apply_rope, half_swap_index, rope_inv_freq, swap_halves
 from eagle_ms.models.pangu import PanguForCausalLM
 from eagle_ms.teacher import TeacherRunner, causal_chunk_mask
 from eagle_ms.weights import load_state, random_teacher_state
@@ -239,7 +239,9 @@ def test_prefill_pad_slot_is_overwritten_by_decode(runner_model):
 def test_rope_equals_rotate_half_reference():
     """Rotary (signed sin) + apply_rope (half swap) == x*cos + [-x2, x1]*sin in float64, exactly up to
     fp32 rounding of the same products; the half swap and the sign pattern by hand."""
-    assert swap_halves(Tensor(np.array([[1.0, 2.0, 3.0, 4.0]], np.float32))).asnumpy().tolist() == [[3, 4, 1, 2]]
+    assert half_swap_index(4).tolist() == [2, 3, 0, 1]
+    four = Tensor(half_swap_index(4))
+    assert swap_halves(Tensor(np.array([[1.0, 2.0, 3.0, 4.0]], np.float32)), four).asnumpy().tolist() == [[3, 4, 1, 2]]
     d, theta = 8, 10000.0
     positions = np.array([[0, 3, 17]], np.int32)
     cos, sin = Rotary(d, theta)(Tensor(positions))  # [1, 1, 3, D]
@@ -247,7 +249,7 @@ def test_rope_equals_rotate_half_reference():
     np.testing.assert_allclose(sin.asnumpy()[0, 0], np.concatenate([-np.sin(angles), np.sin(angles)], -1),
                                rtol=1e-6, atol=1e-6)
     x = np.random.default_rng(3).standard_normal((1, 2, 3, d)).astype(np.float32)  # [B, H, N, D]
-    got = apply_rope(Tensor(x), cos, sin).asnumpy()
+    got = apply_rope(Tensor(x), cos, sin, Tensor(half_swap_index(d))).asnumpy()
     xd, half = x.astype(np.float64), d // 2
     c = np.cos(np.concatenate([angles, angles], -1))
     s_ = np.sin(np.concatenate([angles, angles], -1))

@@ -13,7 +13,7 @@ from mindspore import Tensor, nn, ops
 
 from eagle_ms.models.attention import make_attention
 from eagle_ms.models.kv_cache import KVCache
-from eagle_ms.models.layers import FusedLinear, Linear, apply_rope
+from eagle_ms.models.layers import FusedLinear, Linear, apply_rope, half_swap_index
 
 
 class CachedAttention(nn.Cell):
@@ -29,6 +29,7 @@ class CachedAttention(nn.Cell):
         keep = np.concatenate([np.ones(rotated), np.zeros(num_kv_heads)]).reshape(1, 1, -1, 1).astype(np.float32)
         self.rope_keep = Tensor(keep)        # [1, 1, Hq + 2Hkv, 1]
         self.rope_fill = Tensor(1.0 - keep)
+        self.swap_index = Tensor(half_swap_index(head_dim))  # [D] int32, RoPE's half swap
         self.attn = make_attention(backend, num_heads, num_kv_heads, head_dim)
 
     def construct(self, x, cos, sin, rows, mask):
@@ -69,7 +70,7 @@ class CachedAttention(nn.Cell):
         """
         b, n, _ = x.shape
         hq, hkv = self.num_heads, self.num_kv_heads
-        qkv = apply_rope(self.qkv_proj(x).reshape(b, n, hq + 2 * hkv, self.head_dim), cos, sin)
+        qkv = apply_rope(self.qkv_proj(x).reshape(b, n, hq + 2 * hkv, self.head_dim), cos, sin, self.swap_index)
         chunks = ops.split(qkv, hkv, 2)  # Hq/Hkv + 2 chunks of [B, N, Hkv, D]
         groups = hq // hkv
         q = chunks[0] if groups == 1 else ops.concat(chunks[:groups], 2)
