@@ -111,6 +111,23 @@ def test_training_lowers_loss_and_raises_heldout_acceptance(trained):
     assert after["accept_len"] == pytest.approx(float(np.sum(np.cumprod(after["cond_acc"]))), abs=1e-5)
 
 
+def test_eval_only_of_the_exported_draft_equals_the_final_evaluation(data, trained, tmp_path):
+    """--eval-only --init <exported float32 draft> == the trainer's own final evaluation, bands included."""
+    summary, _, tc = trained
+    final = summary["eval"][1]
+    assert final["bands"] and sum(b["positions"] for b in final["bands"]) <= final["positions"]
+    assert [(b["from"], b["to"]) for b in final["bands"]] == [(0, None)]  # MAX_LEN 64: one band, open-ended
+    only = train_config(data, None, str(tmp_path / "w"), init=summary["out"], eval_only=True, vocab=None,
+                        holdout_every=tc.holdout_every, ttt_steps=tc.ttt_steps)
+    got = DraftTraining(data["cfg"], only, log=quiet).run()["eval"]
+    assert got["positions"] == final["positions"]
+    assert got["accept_len"] == pytest.approx(final["accept_len"], abs=1e-6)
+    assert got["bands"][0]["accept_len"] == pytest.approx(final["bands"][0]["accept_len"], abs=1e-6)
+    assert os.path.exists(tmp_path / "w" / "eval.json") and not os.path.exists(tmp_path / "w" / "checkpoints")
+    with pytest.raises(ValueError, match="give --init DRAFT"):
+        train_config(data, None, str(tmp_path / "w2"), eval_only=True)
+
+
 def test_exported_draft_loads_and_is_lossless(data, trained):
     summary, _, tc = trained
     cfg = data["cfg"]

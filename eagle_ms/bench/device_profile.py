@@ -6,7 +6,7 @@ drafter's ``begin`` left it: the kernel count does not depend on values), warm c
 * ``draft_tree``: the tree part of ``DraftTreeStep`` (all depths, rerank, tree tensors) from the stored
   root pair (eagle_ms/bench/device_draft_timing.py ``TreeOnly``);
 * ``draft_step``: the whole ``DraftTreeStep`` call (extend of A + 1 pairs, then the tree), A = Dmax;
-* ``verify``: ``VerifyStep`` over a budget-sized tree (forward, accept, commit);
+* ``verify``: ``VerifyStep`` over a budget-sized tree (forward, accept; the commit is a separate call);
 * ``decode``: ``DecodeStep`` (a teacher-only token).
 
 Each is ``graph_profile.summarize_calls`` of ``calls`` profiled calls: launched kernels, kernel time,

@@ -97,7 +97,8 @@ def cmd_train_draft(args) -> int:
         max_len=args.max_len,
         buckets=tuple(int(b) for b in args.buckets.split(",")) if args.buckets else None,
         min_bucket=args.min_bucket, ttt_steps=args.ttt_steps, decay=args.decay, ttt_mask=args.ttt_mask,
-        eval_every=args.eval_every, eval_samples=args.eval_samples, holdout_every=args.holdout_every,
+        eval_every=args.eval_every, eval_samples=args.eval_samples, eval_band=args.eval_band,
+        eval_only=args.eval_only, holdout_every=args.holdout_every,
         save_every=args.save_every, log_every=args.log_every, seed=args.train_seed, export_dtype=args.export_dtype,
         optim=draft_optim(lr=args.lr, min_lr_ratio=args.min_lr_ratio, warmup_steps=args.warmup,
                           total_steps=args.total_steps or args.steps, weight_decay=args.weight_decay,
@@ -169,7 +170,8 @@ def add_parsers(sub) -> None:
     src.add_argument("--online", help="regenerated JSONL: teacher features computed per batch (no storage)")
     t.add_argument("--vocab", help="draft vocabulary file (eagle-ms build-vocab --out); default: full vocabulary")
     t.add_argument("--init", help="warm start from an EAGLE-3 draft directory (same vocabulary)")
-    t.add_argument("--out", required=True, help="exported EAGLE-3 draft directory (model.safetensors + config.json)")
+    t.add_argument("--out", help="exported EAGLE-3 draft directory (model.safetensors + config.json); required "
+                   "unless --eval-only")
     t.add_argument("--work-dir", required=True, help="checkpoints/ and summary.json; a rerun resumes from here")
     t.add_argument("--steps", type=int, default=1000, help="optimiser steps (default: %(default)s)")
     t.add_argument("--total-steps", type=int, help="length of the lr schedule (default: --steps)")
@@ -194,6 +196,10 @@ def add_parsers(sub) -> None:
     t.add_argument("--grad-clip", type=float, default=0.5, help="global-norm clipping")
     t.add_argument("--eval-every", type=int, default=200, help="held-out evaluation period (0: only at the end)")
     t.add_argument("--eval-samples", type=int, default=64, help="held-out samples evaluated")
+    t.add_argument("--eval-band", type=int, default=256, help="held-out acceptance is also reported per answer-offset "
+                   "band of this many tokens (default: %(default)s)")
+    t.add_argument("--eval-only", action="store_true", help="evaluate the --init draft on the held-out set (W/eval.json) "
+                   "and stop: no training, no export")
     t.add_argument("--holdout-every", type=int, default=50, help="sample i is held out when i %% N == N-1 (0: none)")
     t.add_argument("--save-every", type=int, default=200, help="checkpoint period (steps)")
     t.add_argument("--log-every", type=int, default=10)

@@ -42,7 +42,7 @@ from eagle_ms.train.checkpoint import latest_step, load_train_state, save_train_
 from eagle_ms.models.training import AddGrads, ApplyGrads, LossAndGrads
 from eagle_ms.models.ttt import AllReduceSum, TeacherTargets, TTTDraft, TTTEval, TTTLoss, step_counts
 from eagle_ms.train.optim import OptimConfig, lr_schedule, make_optimizer, trainable
-from eagle_ms.train.ttt_metrics import FIELDS, batch_counts, summarize
+from eagle_ms.train.ttt_metrics import FIELDS, band_counts, batch_counts, summarize, summarize_bands
 
 EXPORT_DTYPES = ("float32", "float16", "bfloat16")
 # fields that define the run: a resume with any of them changed is refused
@@ -60,7 +60,7 @@ def draft_optim(**overrides) -> OptimConfig:
 
 @dataclass(frozen=True)
 class DraftTrainConfig:
-    out: str  # exported EAGLE-3 draft directory
+    out: str | None  # exported EAGLE-3 draft directory (None only with eval_only)
     work_dir: str  # checkpoints/, summary.json
     data: str | None = None  # preprocessed features directory ...
     online: str | None = None  # ... or a regenerated JSONL (teacher features computed per batch)
@@ -78,6 +78,8 @@ class DraftTrainConfig:
     ttt_mask: str = "inference"  # "inference" | "eagle" (see eagle_ms.train.ttt)
     eval_every: int = 200  # 0 = only at the end
     eval_samples: int = 64
+    eval_band: int = 256  # held-out acceptance is also reported per answer-offset band of this width
+    eval_only: bool = False  # evaluate the --init draft on the held-out set and stop (no training)
     holdout_every: int = 50  # sample i is held out when i % holdout_every == holdout_every - 1; 0 = none
     save_every: int = 200
     log_every: int = 10
@@ -88,7 +90,11 @@ class DraftTrainConfig:
     def __post_init__(self):
         if (self.data is None) == (self.online is None):
             raise ValueError("give exactly one of --data FEATURES_DIR and --online REGEN.jsonl")
-        for name in ("steps", "batch_size", "ttt_steps", "log_every", "save_every"):
+        if self.eval_only and self.init is None:
+            raise ValueError("eval_only evaluates the --init draft: give --init DRAFT")
+        if not self.eval_only and not self.out:
+            raise ValueError("give --out DRAFT_DIR (where the trained draft is exported)")
+        for name in ("steps", "batch_size", "ttt_steps", "log_every", "save_every", "eval_band"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} = {getattr(self, name)!r}: must be >= 1")
         if self.micro_batch is not None and self.micro_batch < 1:
@@ -176,17 +182,23 @@ class DraftTraining:
         return loss
 
     def evaluate(self) -> dict:
-        """Held-out TTT loss and acceptance (ttt_metrics), over all ranks' shares of the held-out set."""
+        """Held-out TTT loss and acceptance (ttt_metrics), over all ranks' shares of the held-out set;
+        ``bands``: the acceptance by answer-offset band of width ``eval_band``."""
         mine = self.heldout[self.rank::self.world]
-        b = self.micro
-        counts = np.zeros((len(FIELDS), self.tc.ttt_steps), np.float64)
+        b, width, steps = self.micro, self.tc.eval_band, self.tc.ttt_steps
+        n_bands = -(-self.max_len // width)
+        counts = np.zeros((len(FIELDS), steps), np.float64)
+        bands = np.zeros((n_bands, 4, steps), np.float64)
         for start in range(0, len(mine), b):
             batch = td.make_batch([self.source.get(i, self.max_len) for i in mine[start:start + b]], self.buckets)
             target_p, valid, argmax = self.targets(Tensor(batch.hidden), Tensor(batch.loss_mask))
             tops, sums, cnt = self.evaluator(Tensor(batch.input_ids), Tensor(batch.aux), target_p, valid)
-            counts += batch_counts(tops.asnumpy(), argmax.asnumpy(), batch.loss_mask, sums.asnumpy(), cnt.asnumpy())
-        counts = self.allreduce(counts.reshape(-1)).reshape(counts.shape)
-        return summarize(counts, self.tc.decay)
+            tops, argmax = tops.asnumpy(), argmax.asnumpy()
+            counts += batch_counts(tops, argmax, batch.loss_mask, sums.asnumpy(), cnt.asnumpy())
+            bands += band_counts(tops, argmax, batch.loss_mask, width, n_bands)
+        total = self.allreduce(np.concatenate([counts.reshape(-1), bands.reshape(-1)]))
+        counts, bands = total[:counts.size].reshape(counts.shape), total[counts.size:].reshape(bands.shape)
+        return {**summarize(counts, self.tc.decay), "bands": summarize_bands(bands, width)}
 
     def export(self, path: str | None = None) -> str:
         from eagle_ms.draft_weights import draft_state, save_draft_checkpoint
@@ -228,9 +240,19 @@ class DraftTraining:
         from eagle_ms.bench.distributed import job_id
 
         with lock_dir(self.tc.work_dir, self.rank, self.world, job_id()):
+            if self.tc.eval_only:
+                return self._evaluate_only()
             if self.rank == 0:
                 check_can_create(self.tc.out)
             return self._run()
+
+    def _evaluate_only(self) -> dict:
+        """``eval_only``: the --init draft on the held-out set; W/eval.json and the returned summary."""
+        result = {"eval_only": True, "draft": self.tc.init, "eval": self.evaluate(), "peak_rss_gib": peak_rss_gib()}
+        self.log(f"[train-draft] --init draft {self.tc.init}: {_fmt_eval(result['eval'])}")
+        if self.rank == 0:
+            write_json_atomic(os.path.join(self.tc.work_dir, "eval.json"), result)
+        return result
 
     def _run(self) -> dict:
         tc = self.tc
@@ -281,7 +303,9 @@ def peak_rss_gib() -> float:
 def _fmt_eval(m: dict) -> str:
     return (f"loss {m['loss']:.4f} acc {' '.join(f'{a:.3f}' for a in m['acc'])} | chain "
             f"{' '.join(f'{a:.3f}' for a in m['cond_acc'])} | accept_len {m['accept_len']:.3f} "
-            f"({m['positions']} positions)")
+            f"({m['positions']} positions)" + "".join(
+                f"{' | accept_len by answer offset:' if i == 0 else ','} {b['from']}-{'' if b['to'] is None else b['to'] - 1} "
+                f"{b['accept_len']:.2f}" for i, b in enumerate(m.get("bands", []))))
 
 
 class _Meter:

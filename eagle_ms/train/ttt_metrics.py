@@ -16,6 +16,13 @@ When the data is the teacher's own greedy output (``eagle-ms regenerate``, tempe
 argmax at t is ids[t+1] on answer positions, so a row whose steps 0..i-1 were correct was fed exactly
 the tokens the draft itself proposed: cond_acc is then the acceptance of an actual chain draft.
 Example: acc = [0.8, 0.6], cond_acc = [0.8, 0.7] -> accept_len = 0.8 + 0.8*0.7 = 1.36.
+
+By answer offset (``band_counts``, ``summarize_bands``): row j is the chain drafted after committing
+tokens 0..j with root token j+1, so its answer offset is the root's index in its assistant run (0 = the
+answer's first token), the same position the benchmark's acceptance-by-answer-offset table uses (the
+committed length at a step's start minus the prompt: eagle_ms/metrics.py). Rows whose root is not an
+assistant token have offset -1 and count in no band. Example: batch mask row [0, 1, 1, 1, 0] (tokens
+2..4 are the answer) -> offsets [-1, 0, 1, 2, -1].
 """
 from __future__ import annotations
 
@@ -31,15 +38,18 @@ def _shift(x: np.ndarray, s: int) -> np.ndarray:
 
 
 def batch_counts(tops: np.ndarray, argmax: np.ndarray, loss_mask: np.ndarray, ce_sums: np.ndarray,
-                 ce_counts: np.ndarray) -> np.ndarray:
+                 ce_counts: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
     """Counts [len(FIELDS), S] of one batch. tops [S,B,T] draft top-1 target ids; argmax [B,T] teacher
-    argmax; loss_mask [B,T]; ce_sums/ce_counts [S] from TTTEval."""
+    argmax; loss_mask [B,T]; ce_sums/ce_counts [S] from TTTEval; rows [B,T] bool (None: all): only the
+    chains of these rows count."""
     steps = tops.shape[0]
     out = np.zeros((len(FIELDS), steps), np.float64)
     run = np.ones(argmax.shape, bool)
     for i in range(steps):
         target = _shift(argmax, i + 1)
         valid = _shift(loss_mask, i + 1) > 0
+        if rows is not None:
+            valid = valid & rows
         hit = tops[i] == target
         out[0, i] = valid.sum()
         out[1, i] = (hit & valid).sum()
@@ -60,3 +70,40 @@ def summarize(counts: np.ndarray, decay: float) -> dict:
     return {"loss": loss, "acc": [round(float(a), 6) for a in acc], "cond_acc": [round(float(a), 6) for a in cond],
             "accept_len": float(np.sum(np.cumprod(cond))), "accept_len_uncond": float(np.sum(np.cumprod(acc))),
             "positions": int(c["valid"][0])}
+
+
+def answer_offsets(loss_mask: np.ndarray) -> np.ndarray:
+    """Batch mask [B,T] -> [B,T] int64: row j's root (token j+1) index in its assistant run, -1 outside
+    one (module doc)."""
+    out = np.full(loss_mask.shape, -1, np.int64)
+    run = np.zeros(loss_mask.shape[0], np.int64)
+    for t in range(loss_mask.shape[1]):
+        on = loss_mask[:, t] > 0
+        run = np.where(on, run + 1, 0)
+        out[:, t] = run - 1
+    return out
+
+
+def band_counts(tops: np.ndarray, argmax: np.ndarray, loss_mask: np.ndarray, width: int,
+                bands: int) -> np.ndarray:
+    """Counts [bands, 4, S] (the first four FIELDS) by answer-offset band [k*width, (k+1)*width);
+    offsets past the last band go into it."""
+    offsets = answer_offsets(loss_mask)
+    band = np.where(offsets >= 0, np.minimum(offsets // width, bands - 1), -1)
+    zeros = np.zeros(tops.shape[0])
+    return np.stack([batch_counts(tops, argmax, loss_mask, zeros, zeros, rows=band == k)[:4] for k in range(bands)])
+
+
+def summarize_bands(counts: np.ndarray, width: int) -> list[dict]:
+    """[{"from", "to", "positions", "acc", "cond_acc", "accept_len"}] per band with positions, from
+    ``band_counts`` sums [bands, 4, S]; the last band's "to" is None (it holds every later offset)."""
+    out = []
+    for k, c in enumerate(counts):
+        valid, correct, chain_num, chain_den = c
+        if valid[0] == 0:
+            continue
+        cond = chain_num / np.maximum(chain_den, 1)
+        out.append({"from": k * width, "to": (k + 1) * width if k < len(counts) - 1 else None,
+                    "positions": int(valid[0]), "acc": [round(float(a), 6) for a in correct / np.maximum(valid, 1)],
+                    "cond_acc": [round(float(a), 6) for a in cond], "accept_len": float(np.sum(np.cumprod(cond)))})
+    return out
