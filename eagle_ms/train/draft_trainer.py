@@ -181,6 +181,29 @@ class DraftTraining:
         self.apply_cell(total)
         return loss
 
+    def compile_graphs(self, train: bool = True) -> None:
+        """Compile the targets, evaluation and (``train``) gradient graphs of every length bucket now.
+
+        Under msrun a rank that meets a new bucket mid-run compiles for tens of seconds while the others
+        wait in the step's gradient all-reduce, and MindSpore's CPU collective then fails ("Ring ReduceScatter
+        wait receiving ... failed": seen with 2 workers at T = 1 280). With every graph compiled before
+        step 1 the ranks stay within a step of each other. ``Cell.compile`` compiles without running.
+        """
+        t0 = time.perf_counter()
+        b, steps, dcfg = self.micro, self.tc.ttt_steps, self.draft_cfg
+        h = dcfg.target_hidden_size
+        vd = int(np.asarray(self.vocab.used).size)
+        for t in self.buckets:
+            ids, mask = Tensor(np.zeros((b, t), np.int32)), Tensor(np.zeros((b, t), np.float32))
+            aux = Tensor(np.zeros((b, t, len(dcfg.aux_layer_ids) * h), np.float32))
+            target_p = Tensor(np.zeros((b, t, vd), np.float32))
+            self.targets.compile(Tensor(np.zeros((b, t, h), np.float32)), mask)
+            self.evaluator.compile(ids, aux, target_p, mask)
+            if train:
+                self.grad_cell.compile(ids, aux, target_p, mask, Tensor(np.ones(steps, np.float32)))
+        self.log(f"[train-draft] compiled the graphs of {len(self.buckets)} length buckets {list(self.buckets)} "
+                 f"x micro-batch {b} in {time.perf_counter() - t0:.0f} s")
+
     def evaluate(self) -> dict:
         """Held-out TTT loss and acceptance (ttt_metrics), over all ranks' shares of the held-out set;
         ``bands``: the acceptance by answer-offset band of width ``eval_band``."""
@@ -248,6 +271,7 @@ class DraftTraining:
 
     def _evaluate_only(self) -> dict:
         """``eval_only``: the --init draft on the held-out set; W/eval.json and the returned summary."""
+        self.compile_graphs(train=False)
         result = {"eval_only": True, "draft": self.tc.init, "eval": self.evaluate(), "peak_rss_gib": peak_rss_gib()}
         self.log(f"[train-draft] --init draft {self.tc.init}: {_fmt_eval(result['eval'])}")
         if self.rank == 0:
@@ -258,6 +282,7 @@ class DraftTraining:
         tc = self.tc
         start, history = self.resume()
         end = min(tc.steps, tc.stop_after) if tc.stop_after is not None else tc.steps
+        self.compile_graphs()
         if start == 0 and self.heldout:
             history["eval"].append([0, self.evaluate()])
             self.log(f"[train-draft] untrained draft: {_fmt_eval(history['eval'][-1][1])}")
