@@ -20,7 +20,11 @@
 #
 # DEMO_DRAFT_MICRO_BATCH=b: train-draft runs the batch as micro-batches of b samples and sums their
 # gradients (the same step, less memory). Default: the whole batch at ANSWER <= 256, 1 above (at 1 024-token
-# answers, a batch of 4 in one graph does not fit in 24 GB; docs/training.md).
+# answers, a batch of 4 in one graph does not fit in 24 GB; docs/training.md). Above 256 the length
+# buckets are also cut to two, (PROMPT + ANSWER) / 2 and PROMPT + ANSWER: every compiled bucket graph keeps
+# its own memory (one process at 1 280 tokens, micro-batch 1: 12.6 GiB peak with the 6 doubling buckets,
+# 9.3 GiB with 640,1280, the same tokens/s). Train with one worker there: two took 2 x 9-10 GB for 1.1x the
+# tokens/s of one.
 #
 # Every stage resumes: regenerate skips finished conversation ids, preprocess keeps finished shards,
 # build-vocab keeps an existing mapping, train-draft resumes from its newest checkpoint. Rerun after an
@@ -81,6 +85,7 @@ MICRO=${DEMO_DRAFT_MICRO_BATCH:-}
 if [ -z "$MICRO" ] && [ "$ANSWER" -gt 256 ]; then MICRO=1; fi
 MICRO_ARGS=()
 if [ -n "$MICRO" ]; then MICRO_ARGS=(--micro-batch "$MICRO"); fi
+if [ "$ANSWER" -gt 256 ]; then MICRO_ARGS+=(--buckets "$(((PROMPT + ANSWER) / 2)),$((PROMPT + ANSWER))"); fi
 stage train-draft --config "$CFG" "${TEACHER[@]}" --data "$WORK/features" --vocab "$WORK/vocab.safetensors" --out "$OUT" \
   --work-dir "$WORK/train" --steps "$STEPS" --batch-size 4 --max-len $((PROMPT + ANSWER)) --lr 1e-3 --warmup 50 \
   --eval-every 250 --save-every 100 --export-dtype float16 "${MICRO_ARGS[@]}"
