@@ -7,8 +7,8 @@ Pieces: ``ttt`` (the unrolled draft, loss and eval Cells), ``ttt_data`` (sources
     teacher targets graph: hidden [b,T,Ht] -> P restricted to the draft vocabulary, mask m, argmax
                            (per micro-batch of b = --micro-batch samples)
     host:                  per-step loss-position counts of the whole batch (all-reduced over ranks)
-    grad graph:            TTT loss -> grads, per micro-batch; the grads are summed on the device
-    apply graph:           all-reduce mean (msrun) -> clip -> AdamW, once per step
+    grad graph:            TTT loss -> grads, per micro-batch, summed into Parameters in place
+    apply graph:           (those sums) all-reduce mean (msrun) -> clip -> AdamW, once per step
 
 Micro-batches change the memory, not the step: every micro-batch's loss divides by the counts of the
 whole global batch, so the summed loss and gradients are those of the whole batch (up to float order).
@@ -39,7 +39,7 @@ from eagle_ms.files import check_can_create, write_json_atomic
 from eagle_ms.locks import lock_dir
 from eagle_ms.train import ttt_data as td
 from eagle_ms.train.checkpoint import latest_step, load_train_state, save_train_state
-from eagle_ms.models.training import AddGrads, ApplyGrads, LossAndGrads
+from eagle_ms.models.training import AccumulateGrads, ApplyGrads, ApplySums
 from eagle_ms.models.ttt import AllReduceSum, TeacherTargets, TTTDraft, TTTEval, TTTLoss, step_counts
 from eagle_ms.train.optim import OptimConfig, lr_schedule, make_optimizer, trainable
 from eagle_ms.train.ttt_metrics import FIELDS, band_counts, batch_counts, summarize, summarize_bands
@@ -143,9 +143,9 @@ class DraftTraining:
         reducer = None
         if world > 1:
             reducer = nn.DistributedGradReducer(self.optimizer.parameters, mean=True, degree=world)
-        self.grad_cell = LossAndGrads(TTTLoss(self.core, tc.decay, world), self.optimizer.parameters)
-        self.add_grads = AddGrads()
-        self.apply_cell = ApplyGrads(self.optimizer, tc.optim.grad_clip, reducer)
+        self.grad_cell = AccumulateGrads(TTTLoss(self.core, tc.decay, world), self.optimizer.parameters)
+        self.apply_cell = ApplySums(self.grad_cell.sums, ApplyGrads(self.optimizer, tc.optim.grad_clip, reducer))
+        self.first = (Tensor(True), Tensor(False))  # AccumulateGrads: start the sum, or add to it
         self.evaluator = TTTEval(self.core)
         self.reduce_cell = AllReduceSum() if world > 1 else None
         self.ckpt_dir = os.path.join(tc.work_dir, "checkpoints")
@@ -173,12 +173,11 @@ class DraftTraining:
         targets = [self.targets(Tensor(mb.hidden), Tensor(mb.loss_mask))[:2] for mb in micro_batches]
         counts = sum(step_counts(valid.asnumpy(), self.tc.ttt_steps) for _, valid in targets)
         counts = Tensor(np.maximum(self.allreduce(counts), 1.0).astype(np.float32))  # [S] global
-        loss, total = 0.0, None
-        for mb, (target_p, valid) in zip(micro_batches, targets):
-            part, grads = self.grad_cell(Tensor(mb.input_ids), Tensor(mb.aux), target_p, valid, counts)
-            total = grads if total is None else self.add_grads(total, grads)
+        loss = 0.0
+        for k, (mb, (target_p, valid)) in enumerate(zip(micro_batches, targets)):
+            part = self.grad_cell(self.first[k > 0], Tensor(mb.input_ids), Tensor(mb.aux), target_p, valid, counts)
             loss += float(part.asnumpy())
-        self.apply_cell(total)
+        self.apply_cell()
         return loss
 
     def compile_graphs(self, train: bool = True) -> None:
@@ -200,7 +199,7 @@ class DraftTraining:
             self.targets.compile(Tensor(np.zeros((b, t, h), np.float32)), mask)
             self.evaluator.compile(ids, aux, target_p, mask)
             if train:
-                self.grad_cell.compile(ids, aux, target_p, mask, Tensor(np.ones(steps, np.float32)))
+                self.grad_cell.compile(self.first[0], ids, aux, target_p, mask, Tensor(np.ones(steps, np.float32)))
         self.log(f"[train-draft] compiled the graphs of {len(self.buckets)} length buckets {list(self.buckets)} "
                  f"x micro-batch {b} in {time.perf_counter() - t0:.0f} s")
 
