@@ -60,15 +60,20 @@ def batch_counts(tops: np.ndarray, argmax: np.ndarray, loss_mask: np.ndarray, ce
     return out
 
 
+def acceptance(valid, correct, chain_num, chain_den) -> dict:
+    """{"acc", "cond_acc", "accept_len"} (module doc) from the first four FIELDS' counts, each [S]."""
+    cond = chain_num / np.maximum(chain_den, 1)
+    return {"acc": [round(float(a), 6) for a in correct / np.maximum(valid, 1)],
+            "cond_acc": [round(float(a), 6) for a in cond], "accept_len": float(np.sum(np.cumprod(cond)))}
+
+
 def summarize(counts: np.ndarray, decay: float) -> dict:
     """Metrics (module doc) from summed counts [len(FIELDS), S]."""
     c = dict(zip(FIELDS, counts))
     acc = c["correct"] / np.maximum(c["valid"], 1)
-    cond = c["chain_num"] / np.maximum(c["chain_den"], 1)
     weights = decay ** np.arange(counts.shape[1])
     loss = float(np.sum(weights * c["ce_sum"] / np.maximum(c["ce_count"], 1)))
-    return {"loss": loss, "acc": [round(float(a), 6) for a in acc], "cond_acc": [round(float(a), 6) for a in cond],
-            "accept_len": float(np.sum(np.cumprod(cond))), "accept_len_uncond": float(np.sum(np.cumprod(acc))),
+    return {"loss": loss, **acceptance(*counts[:4]), "accept_len_uncond": float(np.sum(np.cumprod(acc))),
             "positions": int(c["valid"][0])}
 
 
@@ -97,13 +102,5 @@ def band_counts(tops: np.ndarray, argmax: np.ndarray, loss_mask: np.ndarray, wid
 def summarize_bands(counts: np.ndarray, width: int) -> list[dict]:
     """[{"from", "to", "positions", "acc", "cond_acc", "accept_len"}] per band with positions, from
     ``band_counts`` sums [bands, 4, S]; the last band's "to" is None (it holds every later offset)."""
-    out = []
-    for k, c in enumerate(counts):
-        valid, correct, chain_num, chain_den = c
-        if valid[0] == 0:
-            continue
-        cond = chain_num / np.maximum(chain_den, 1)
-        out.append({"from": k * width, "to": (k + 1) * width if k < len(counts) - 1 else None,
-                    "positions": int(valid[0]), "acc": [round(float(a), 6) for a in correct / np.maximum(valid, 1)],
-                    "cond_acc": [round(float(a), 6) for a in cond], "accept_len": float(np.sum(np.cumprod(cond)))})
-    return out
+    return [{"from": k * width, "to": (k + 1) * width if k < len(counts) - 1 else None, "positions": int(c[0][0]),
+             **acceptance(*c)} for k, c in enumerate(counts) if c[0][0] > 0]
