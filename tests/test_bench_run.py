@@ -9,7 +9,9 @@
 - a 2-point sweep writes its table;
 - one writer per run directory: a run (or sweep) into a directory another process writes is refused
   before it writes anything; an unwritable --out is a clear error; a failed summary write leaves no
-  temp file and the previous summary.
+  temp file and the previous summary;
+- an interrupted run resumes with `--resume`: finished turns are kept byte for byte, the rest give the
+  same tokens as an uninterrupted run; a resume with another command is refused and changes nothing.
 """
 from __future__ import annotations
 
@@ -287,6 +289,14 @@ def test_sweep_cli_two_budgets(data_dir, tmp_path):
     assert "| M4-D3-Wnone | 4 | 3 | none | 1 |" in open(os.path.join(out, "sweep.md")).read()
     assert main(["report", out]) == 0
     assert os.path.exists(os.path.join(out, "plots", "sweep_budget.png"))
+    # interrupted before its second point: --resume keeps the first point's turn, runs the second
+    first = trace.trace_path(os.path.join(out, "points", "M4-D3-Wnone"), "humaneval-0-1")
+    kept = open(first, "rb").read()
+    shutil.rmtree(os.path.join(out, "points", "M8-D3-Wnone"))
+    assert main([*args, "--resume"]) == 0
+    assert open(first, "rb").read() == kept
+    rows = trace.read_json(os.path.join(out, "sweep.json"))["results"][0]["rows"]
+    assert [r["turns_ok"] for r in rows] == [1, 1]
 
 
 def test_a_run_dir_another_process_writes_is_refused_before_anything_is_written(data_dir, tmp_path, capsys):
@@ -329,3 +339,57 @@ def test_a_failed_summary_write_leaves_no_temp_file_and_the_old_summary(smoke, t
     left = [os.path.join(d, f) for d, _, fs in os.walk(run) for f in fs if ".tmp" in f]
     assert left == []
     assert {name: open(os.path.join(run, name), "rb").read() for name in before} == before
+
+
+def _interrupted_copy(smoke: str, run: str, unfinished: list[str]) -> None:
+    """``smoke`` as a run killed before ``unfinished`` ended: no traces for them, no summary or rank
+    marker, and the dead process's lock file left behind (the OS dropped its flock)."""
+    shutil.copytree(smoke, run)
+    for key in unfinished:
+        os.remove(trace.trace_path(run, key))
+    for name in ("summary.json", "summary.md", os.path.join("ranks", "rank-0.json")):
+        os.remove(os.path.join(run, name))
+    shutil.rmtree(os.path.join(run, "plots"))
+    with open(os.path.join(run, ".lock-rank-0"), "w") as fh:
+        json.dump({"pid": 999999, "host": "gone", "rank": 0, "world": 1, "job": None, "since": 0}, fh)
+
+
+def test_an_interrupted_run_resumes_with_its_finished_turns_kept(smoke, data_dir, tmp_path):
+    run = str(tmp_path / "run")
+    unfinished = ["mt_bench-81-2", "humaneval-1-1"]  # turn 2 needs turn 1's baseline answer from its trace
+    _interrupted_copy(smoke, run, unfinished)
+    kept = {k: open(trace.trace_path(run, k), "rb").read() for k in SMOKE_KEYS if k not in unfinished}
+    assert main(["bench", *_bench_args(data_dir, run)]) == 2  # without --resume the run is refused
+    assert main(["bench", *_bench_args(data_dir, run), "--resume"]) == 0
+    for key in SMOKE_KEYS:
+        if key in kept:  # not re-run
+            assert open(trace.trace_path(run, key), "rb").read() == kept[key]
+        mine, _ = trace.read_turn_trace(trace.trace_path(run, key))
+        ref, _ = trace.read_turn_trace(trace.trace_path(smoke, key))
+        assert mine["prompt_ids"] == ref["prompt_ids"] and mine["baseline"]["tokens"] == ref["baseline"]["tokens"]
+        assert mine["ea"]["tokens"] == mine["baseline"]["tokens"]
+    s = trace.read_json(os.path.join(run, "summary.json"))
+    assert s["turns"]["ok"] == 4 and s["exactness"]["identical"] == 4
+    assert trace.read_json(os.path.join(run, "ranks", "rank-0.json"))["ok"] == 4
+    man, first = trace.read_json(os.path.join(run, "manifest.json")), trace.read_json(os.path.join(smoke, "manifest.json"))
+    assert man["created"] == first["created"] and man["command"] == first["command"]
+    assert len(man["resumes"]) == 1 and " --resume " in man["resumes"][0]["command"]
+
+
+def test_a_resume_with_another_command_is_refused_and_changes_nothing(smoke, data_dir, tmp_path, capsys):
+    run = str(tmp_path / "run")
+    _interrupted_copy(smoke, run, ["humaneval-1-1"])
+    def files():  # the stale lock file goes with any writer that takes the lock; everything else must stay
+        return {os.path.join(d, f): open(os.path.join(d, f), "rb").read() for d, _, fs in os.walk(run) for f in fs
+                if not f.startswith(".lock")}
+    before = files()
+    args = _bench_args(data_dir, run, "--resume")
+    args[args.index("--max-new-tokens") + 1] = str(NEW + 1)
+    assert main(["bench", *args]) == 2
+    assert ("holds another run (config.generation.max_new_tokens: the run has 8, this command 9)"
+            in capsys.readouterr().err)
+    assert files() == before
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", *_bench_args(data_dir, run, "--resume", "--overwrite")])
+    assert exit_info.value.code == 2
+    assert "--resume keeps the run in --out and --overwrite replaces it" in capsys.readouterr().err

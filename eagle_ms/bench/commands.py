@@ -18,6 +18,9 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", action="store_true",
                    help="finer stage split (mask construction); perturbs timing, not for headline numbers")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier run in --out")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted run in --out with the same command: finished turns are kept "
+                        "(a sweep resumes point by point; an empty --out starts the run)")
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     p.add_argument("--merge-timeout", type=float, default=1800.0,
                    help="rank 0 waits at most this many seconds for the other ranks (default: %(default)s)")
@@ -63,11 +66,13 @@ def _prepare(args, parser, name: str):
         parser.error("--profile times the host's tree-mask construction, and with speculative.step device the "
                      "masks are built inside the graphs: profile those with scripts/profile_device_step.py "
                      "(kernels per graph) and scripts/time_device_draft.py, or pass --step host")
+    if args.resume and args.overwrite:
+        parser.error("--resume keeps the run in --out and --overwrite replaces it: give one")
     setup_context(cfg)
     rank, world = init_ranks(args.rank, args.world_size)
     opts = BenchOptions(data_dir=args.data_dir, out=args.out, datasets=parse_datasets(args.datasets),
                         limit=args.limit, profile=args.profile, progress=not args.no_progress,
-                        overwrite=args.overwrite, merge_timeout_s=args.merge_timeout,
+                        overwrite=args.overwrite, resume=args.resume, merge_timeout_s=args.merge_timeout,
                         warmup_tokens=args.warmup_tokens, rank=rank, world_size=world,
                         command=_command_line(parser, args, name))
     return cfg, opts

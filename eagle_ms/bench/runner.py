@@ -19,9 +19,18 @@ Protocol (one process, or one rank of many):
      continue with the next turn; a mismatch between EA and baseline tokens is located and the
      teacher's logit margin there computed (a teacher forward over prompt + common prefix);
   5. write ``ranks/rank-<r>.json``; rank 0 waits (bounded) for every rank, then writes summary + plots.
+
+Resume (``resume``): an interrupted run continues in the same directory. Each finished turn's trace
+was written once, atomically, when the turn ended, so every trace present is a whole turn: those turns
+are kept, not re-run, and the turn-2 prompts that need their baseline answers take them from the
+traces. The run must be the same one: ``resume_mismatch`` compares the stored manifest with the one
+this command would write (mode, config, turns, data files, world size) and names the first differing
+key. A directory without a manifest starts a new run, so a sweep resumes point by point. Rank 0
+appends the resuming command and git state to the manifest's ``resumes`` list.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -55,6 +64,7 @@ class BenchOptions:
     overwrite: bool = False
     merge_timeout_s: float = 1800.0  # rank 0's bounded wait for the other ranks
     warmup_tokens: int = 8
+    resume: bool = False  # keep the finished turns of an interrupted run in ``out``, run the rest
     rank: int = 0
     world_size: int = 1
     command: str | None = None  # the command line, for the manifest and summary.md
@@ -69,15 +79,24 @@ def default_drafter(session, prompt_ids: np.ndarray, spec: TurnSpec):
 _RANK0_OUTPUTS = (trace.MANIFEST, "summary.json", "summary.md", "plots")
 
 
-def prepare_run_dir(opts: BenchOptions, my_keys: list[str]) -> None:
-    """Refuse to mix with an earlier run unless ``overwrite``; with it, remove this rank's old files."""
+def prepare_run_dir(opts: BenchOptions, my_keys: list[str]) -> dict[str, dict]:
+    """Make ``out`` ready for this rank; returns the headers of the turns kept for a resume, by key.
+
+    Refuses to mix with an earlier run unless ``overwrite`` (which removes this rank's old files) or
+    ``resume`` (which keeps this rank's finished traces and removes only its rank marker).
+    """
     out = opts.out
     marker = trace.rank_marker_path(out, opts.rank)
+    if opts.resume:
+        if os.path.exists(marker):
+            os.remove(marker)
+        os.makedirs(os.path.join(out, trace.TRACES), exist_ok=True)
+        return _finished_turns(out, my_keys)
     stale = [p for p in ([os.path.join(out, trace.MANIFEST)] if opts.rank == 0 else []) + [marker]
              if os.path.exists(p)]
     stale += [trace.trace_path(out, k) for k in my_keys if os.path.exists(trace.trace_path(out, k))]
     if stale and not opts.overwrite:
-        raise FileExistsError(f"{out} already holds a run ({stale[0]}): use a new --out or --overwrite")
+        raise FileExistsError(f"{out} already holds a run ({stale[0]}): use a new --out, --resume or --overwrite")
     for path in stale:
         os.remove(path)
     if opts.rank == 0 and opts.overwrite:
@@ -91,6 +110,71 @@ def prepare_run_dir(opts: BenchOptions, my_keys: list[str]) -> None:
             for name in (trace.TRACES, trace.FAILURES, trace.RANKS):
                 shutil.rmtree(os.path.join(out, name), ignore_errors=True)
     os.makedirs(os.path.join(out, trace.TRACES), exist_ok=True)
+    return {}
+
+
+def _finished_turns(out: str, my_keys: list[str]) -> dict[str, dict]:
+    """Headers of this rank's turns whose trace is present, by key (an unreadable one is run again)."""
+    done = {}
+    for key in my_keys:
+        path = trace.trace_path(out, key)
+        if not os.path.exists(path):
+            continue
+        try:
+            done[key] = trace.read_turn_trace(path)[0]
+        except ValueError as exc:
+            print(f"warning: {exc}; turn {key} runs again", file=sys.stderr)
+    return done
+
+
+# The manifest entries that define a run: a resume must not change them.
+_RUN_IDENTITY = ("mode", "profile", "world_size", "config", "turns")
+
+
+def resume_mismatch(stored: dict, current: dict) -> str | None:
+    """Why the run in ``stored`` (its manifest) is not the one ``current`` would start, or None."""
+    for key in _RUN_IDENTITY:
+        where = _first_difference(stored.get(key), current.get(key), key)
+        if where is not None:
+            return where
+    old = [d.get("sha256") for d in stored.get("data_files", [])]
+    new = [d.get("sha256") for d in current.get("data_files", [])]
+    if old != new:
+        return "data_files: the question files' sha256 differ from the run's"
+    return None
+
+
+def _first_difference(a, b, path: str) -> str | None:
+    """'path: run has A, this command B' at the first (depth-first) differing entry, else None."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in list(a) + [k for k in b if k not in a]:
+            where = _first_difference(a.get(k), b.get(k), f"{path}.{k}")
+            if where is not None:
+                return where
+        return None
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b)):
+            where = _first_difference(x, y, f"{path}[{i}]")
+            if where is not None:
+                return where
+        return None
+    return None if a == b else f"{path}: the run has {a!r}, this command {b!r}"
+
+
+def _resume_manifest(out: str, current: dict) -> dict | None:
+    """The stored manifest with this resume appended, or None when ``out`` holds no run yet.
+
+    Raises ValueError naming the first entry in which the stored run differs from this command's."""
+    path = os.path.join(out, trace.MANIFEST)
+    if not os.path.exists(path):
+        return None
+    stored = trace.read_json(path)
+    why = resume_mismatch(stored, json.loads(json.dumps(current)))  # as stored: tuples become lists
+    if why is not None:
+        raise ValueError(f"--resume: {out} holds another run ({why}); resume it with its own command "
+                         "(manifest.json 'command') or use a new --out")
+    resumes = stored.get("resumes", []) + [{k: current[k] for k in ("created", "command", "git")}]
+    return {**stored, "resumes": resumes}
 
 
 def build_manifest(cfg, session_mode: str, opts: BenchOptions, turns: list[TurnSpec]) -> dict:
@@ -301,15 +385,20 @@ def _run_rank(cfg, opts: BenchOptions, session, drafter_factory, questions: list
 
     turns = expand_turns(questions)
     mine = shard_turns(turns, opts.rank, opts.world_size)
-    prepare_run_dir(opts, [t.key for t in mine])
+    mode = session.mode if session is not None else decode_mode(cfg)
+    manifest = build_manifest(cfg, mode, opts, turns)
+    resumed = _resume_manifest(opts.out, manifest) if opts.resume else None  # checked before any write
+    done = prepare_run_dir(opts, [t.key for t in mine])
+    if opts.resume and opts.progress:
+        print(f"resume: {len(done)} of this rank's {len(mine)} turns already done in {opts.out}"
+              if resumed is not None else f"resume: no run in {opts.out} yet, starting one", file=sys.stderr)
     t_start = time.monotonic()
     if opts.rank == 0:
-        mode = session.mode if session is not None else decode_mode(cfg)
-        trace.write_json(os.path.join(opts.out, trace.MANIFEST), build_manifest(cfg, mode, opts, turns))
+        trace.write_json(os.path.join(opts.out, trace.MANIFEST), resumed or manifest)
     counts = {"turns": len(mine), "ok": 0, "failed": 0, "skipped": 0, "mismatched": 0, "error": None}
     try:  # the marker is written even when this rank dies, so rank 0 does not wait for it in vain
         session = session or Session(cfg)
-        counts.update(_run_turns(session, questions, mine, opts, drafter_factory or default_drafter))
+        counts.update(_run_turns(session, questions, mine, opts, drafter_factory or default_drafter, done))
     except Exception as exc:  # noqa: BLE001 - recorded in the marker, then re-raised
         counts["error"] = f"{type(exc).__name__}: {exc}"
         raise
@@ -327,17 +416,25 @@ def _run_rank(cfg, opts: BenchOptions, session, drafter_factory, questions: list
 
 
 def _run_turns(session, questions: list[Question], mine: list[TurnSpec], opts: BenchOptions,
-               factory: DrafterFactory) -> dict:
+               factory: DrafterFactory, done: dict[str, dict]) -> dict:
+    """Run this rank's turns in order; ``done``: headers of turns kept from an interrupted run."""
     by_id = {(q.dataset, q.question_id): q for q in questions}
     runner = TurnRunner(session, opts, factory)
     label = f"[rank {opts.rank}] " if opts.world_size > 1 else ""
-    progress = Progress(len(mine), label=label, enabled=opts.progress)
+    progress = Progress(len(mine) - len(done), label=label, enabled=opts.progress)
     counts = {"ok": 0, "failed": 0, "skipped": 0, "mismatched": 0}
     answers: dict[tuple[str, int], list[str | None]] = {}
     warmed = False
     for spec in mine:
         q = by_id[(spec.dataset, spec.question_id)]
         prev = answers.setdefault((q.dataset, q.question_id), [])
+        if spec.key in done:
+            header = done[spec.key]
+            base = header["baseline"]
+            prev.append(_answer_text(session, base["tokens"]) if base is not None else None)
+            counts[header["status"]] += 1
+            counts["mismatched"] += header["exact"] is False
+            continue
         prompt_ids, skip = None, None
         if any(a is None for a in prev[:spec.turn - 1]):
             skip = f"turn {prev.index(None) + 1}'s baseline failed: its answer is needed for this prompt"
@@ -351,7 +448,7 @@ def _run_turns(session, questions: list[Question], mine: list[TurnSpec], opts: B
         base = header["baseline"]
         prev.append(_answer_text(session, base["tokens"]) if base is not None else None)
         trace.write_turn_trace(opts.out, header, steps)
-        counts[header["status"] if header["status"] != "ok" else "ok"] += 1
+        counts[header["status"]] += 1
         counts["mismatched"] += header["exact"] is False
         progress.update(spec.key, _turn_note(header))
     return counts
