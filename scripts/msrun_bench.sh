@@ -9,6 +9,7 @@
 # Env:     MASTER_PORT (default: a free port), LOG_DIR (default: RUN_DIR/msrun_logs),
 #          GLOG_v (default 3: MindSpore C++ errors only).
 # --overwrite is handled here: an earlier run in RUN_DIR is deleted before any worker starts.
+# --resume goes to every worker: each keeps its finished turns of an interrupted run (docs/metrics.md).
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 if [[ $# -lt 2 ]]; then
@@ -23,21 +24,27 @@ if [[ "$1" == bench || "$1" == sweep ]]; then CMD=$1; shift; fi
 
 OUT=""
 OVERWRITE=0
+RESUME=0
 ARGS=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --out) OUT="$2"; ARGS+=("$1" "$2"); shift 2 ;;
     --out=*) OUT="${1#--out=}"; ARGS+=("$1"); shift ;;
     --overwrite) OVERWRITE=1; shift ;;
+    --resume) RESUME=1; ARGS+=("$1"); shift ;;
     *) ARGS+=("$1"); shift ;;
   esac
 done
 [[ -n "$OUT" ]] || { echo "msrun_bench.sh: --out RUN_DIR is required" >&2; exit 2; }
 if [[ -x "$REPO/.venv/bin/python" ]]; then export PATH="$REPO/.venv/bin:$PATH"; fi  # msrun starts `python`
 
-if [[ -d "$OUT" && -n "$(ls -A "$OUT")" ]]; then
+if [[ $RESUME -eq 1 && $OVERWRITE -eq 1 ]]; then
+  echo "msrun_bench.sh: --resume keeps the run in $OUT and --overwrite replaces it: give one" >&2
+  exit 2
+fi
+if [[ $RESUME -eq 0 && -d "$OUT" && -n "$(ls -A "$OUT")" ]]; then
   if [[ $OVERWRITE -eq 0 ]]; then
-    echo "msrun_bench.sh: $OUT is not empty: use a new --out or --overwrite" >&2
+    echo "msrun_bench.sh: $OUT is not empty: use a new --out, --resume or --overwrite" >&2
     exit 2
   fi
   if [[ ! -e "$OUT/manifest.json" && ! -e "$OUT/sweep.json" && ! -d "$OUT/ranks" && ! -d "$OUT/traces" ]]; then

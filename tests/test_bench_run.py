@@ -236,12 +236,21 @@ def test_missing_rank_is_reported_not_waited_for(session, data_dir, tmp_path):
 
 
 def test_two_msrun_workers_match_one_process(smoke, data_dir, tmp_path):
+    """...and a 2-worker run that lost one turn of each rank resumes under msrun to the same tokens."""
     out = str(tmp_path / "msrun")
     env = dict(os.environ, GLOG_v="3")
-    proc = subprocess.run(["bash", os.path.join(REPO, "scripts", "msrun_bench.sh"), "2", "bench",
-                           *_bench_args(data_dir, out, "--no-progress", "--merge-timeout", "120")],
-                          capture_output=True, text=True, timeout=400, env=env, cwd=str(tmp_path))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    def msrun_bench(*extra):
+        proc = subprocess.run(["bash", os.path.join(REPO, "scripts", "msrun_bench.sh"), "2", "bench",
+                               *_bench_args(data_dir, out, "--no-progress", "--merge-timeout", "120", *extra)],
+                              capture_output=True, text=True, timeout=400, env=env, cwd=str(tmp_path))
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    msrun_bench()
+    lost = ["mt_bench-81-2", "humaneval-0-1"]  # one turn of each rank
+    assert {trace.read_turn_trace(trace.trace_path(out, k))[0]["rank"] for k in lost} == {0, 1}
+    for key in lost:
+        os.remove(trace.trace_path(out, key))
+    msrun_bench("--resume")
     assert sorted(os.listdir(os.path.join(out, "ranks"))) == ["rank-0.json", "rank-1.json"]
     ranks = {trace.read_turn_trace(trace.trace_path(out, k))[0]["rank"] for k in SMOKE_KEYS}
     assert ranks == {0, 1}
@@ -254,6 +263,7 @@ def test_two_msrun_workers_match_one_process(smoke, data_dir, tmp_path):
     merged, single = (trace.read_json(os.path.join(d, "summary.json")) for d in (out, smoke))
     assert merged["turns"] == single["turns"] and merged["exactness"] == single["exactness"]
     assert merged["run"]["world_size"] == 2 and merged["ranks"]["missing"] == []
+    assert len(trace.read_json(os.path.join(out, "manifest.json"))["resumes"]) == 1
     assert [t["n_tokens"] for t in merged["per_turn"]] == [t["n_tokens"] for t in single["per_turn"]]
 
 

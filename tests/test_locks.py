@@ -83,3 +83,10 @@ def test_msrun_bench_overwrite_does_not_delete_a_run_being_written(tmp_path):
         assert proc.returncode == 2, proc.stderr
         assert f"refusing to delete {run}: a run is writing it (pid {pid}" in proc.stderr
         assert (run / "manifest.json").exists()
+
+
+def test_msrun_bench_refuses_resume_with_overwrite(tmp_path):
+    proc = subprocess.run(["bash", os.path.join(REPO, "scripts", "msrun_bench.sh"), "2", "bench", "--out",
+                           str(tmp_path / "run"), "--resume", "--overwrite"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--resume keeps the run" in proc.stderr
+    assert not (tmp_path / "run").exists()
