@@ -9,6 +9,7 @@ online mode == offline mode (default shard layout); the exported draft loads wit
 ``eagle_ms.generate`` (and accepts tokens); runs from another teacher / vocabulary are refused; a work
 directory another process writes and an export directory that cannot be written are refused before step 1.
 """
+import dataclasses
 import json
 import os
 
@@ -126,6 +127,12 @@ def test_eval_only_of_the_exported_draft_equals_the_final_evaluation(data, train
     assert os.path.exists(tmp_path / "w" / "eval.json") and not os.path.exists(tmp_path / "w" / "checkpoints")
     with pytest.raises(ValueError, match="give --init DRAFT"):
         train_config(data, None, str(tmp_path / "w2"), eval_only=True)
+    # a data set of held-out prompts alone (--holdout-every 1): every sample evaluated, none left to train
+    every = dataclasses.replace(only, work_dir=str(tmp_path / "w3"), holdout_every=1, eval_samples=10_000)
+    got_all = DraftTraining(data["cfg"], every, log=quiet).run()["eval"]
+    assert got_all["positions"] > got["positions"]
+    with pytest.raises(ValueError, match="eval_only: no held-out sample .*--holdout-every 1"):
+        DraftTraining(data["cfg"], dataclasses.replace(only, work_dir=str(tmp_path / "w4"), holdout_every=0), log=quiet)
 
 
 def test_exported_draft_loads_and_is_lossless(data, trained):

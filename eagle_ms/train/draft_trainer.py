@@ -136,7 +136,10 @@ class DraftTraining:
         embed, head = teacher_tensors(cfg, extractor)
         self.draft, self.draft_cfg, self.vocab = build_draft(cfg, tc, embed, self.log)
         train_groups, self.heldout = td.split_heldout(self.source.groups, tc.holdout_every, tc.eval_samples)
-        self.order = td.EpochOrder(train_groups, tc.seed)
+        if tc.eval_only and not self.heldout:
+            raise ValueError(f"eval_only: no held-out sample (holdout_every {tc.holdout_every}, eval_samples "
+                             f"{tc.eval_samples}); --holdout-every 1 evaluates every sample of the data")
+        self.order = None if tc.eval_only else td.EpochOrder(train_groups, tc.seed)  # eval_only may hold out all
         self.core = TTTDraft(self.draft, tc.ttt_steps, tc.ttt_mask)
         self.targets = TeacherTargets(head, self.vocab.used, self.vocab.t2d)
         self.optimizer = make_optimizer(trainable(self.draft), tc.optim)
