@@ -399,6 +399,10 @@ def test_a_resume_with_another_command_is_refused_and_changes_nothing(smoke, dat
     assert ("holds another run (config.generation.max_new_tokens: the run has 8, this command 9)"
             in capsys.readouterr().err)
     assert files() == before
+    os.remove(os.path.join(run, "manifest.json"))  # traces whose command is unknown are not adopted
+    assert main(["bench", *_bench_args(data_dir, run, "--resume")]) == 2
+    assert "holds turn traces but no manifest.json" in capsys.readouterr().err
+    assert files() == {k: v for k, v in before.items() if not k.endswith("manifest.json")}
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", *_bench_args(data_dir, run, "--resume", "--overwrite")])
     assert exit_info.value.code == 2

@@ -388,6 +388,9 @@ def _run_rank(cfg, opts: BenchOptions, session, drafter_factory, questions: list
     mode = session.mode if session is not None else decode_mode(cfg)
     manifest = build_manifest(cfg, mode, opts, turns)
     resumed = _resume_manifest(opts.out, manifest) if opts.resume else None  # checked before any write
+    if opts.resume and resumed is None and any(os.path.exists(trace.trace_path(opts.out, t.key)) for t in mine):
+        raise ValueError(f"--resume: {opts.out} holds turn traces but no {trace.MANIFEST}, so nothing shows "
+                         "which command wrote them: use a new --out or --overwrite")
     done = prepare_run_dir(opts, [t.key for t in mine])
     if opts.resume and opts.progress:
         print(f"resume: {len(done)} of this rank's {len(mine)} turns already done in {opts.out}"
