@@ -23,14 +23,13 @@ Protocol (one process, or one rank of many):
 Resume (``resume``): an interrupted run continues in the same directory. Each finished turn's trace
 was written once, atomically, when the turn ended, so every trace present is a whole turn: those turns
 are kept, not re-run, and the turn-2 prompts that need their baseline answers take them from the
-traces. The run must be the same one: ``resume_mismatch`` compares the stored manifest with the one
+traces. The run must be the same one: ``bench/resume.py`` compares the stored manifest with the one
 this command would write (mode, config, turns, data files, world size) and names the first differing
 key. A directory without a manifest starts a new run, so a sweep resumes point by point. Rank 0
 appends the resuming command and git state to the manifest's ``resumes`` list.
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -48,6 +47,7 @@ from eagle_ms.locks import lock_dir
 from eagle_ms.metrics import first_divergence, logit_margin, speedup
 from eagle_ms.bench.profile import MaskProfiler, NullProfiler
 from eagle_ms.bench.progress import Progress
+from eagle_ms.bench.resume import finished_turns, resume_manifest
 from eagle_ms.runtime import decode_mode
 
 DrafterFactory = Callable[[object, np.ndarray, TurnSpec], object]
@@ -91,7 +91,7 @@ def prepare_run_dir(opts: BenchOptions, my_keys: list[str]) -> dict[str, dict]:
         if os.path.exists(marker):
             os.remove(marker)
         os.makedirs(os.path.join(out, trace.TRACES), exist_ok=True)
-        return _finished_turns(out, my_keys)
+        return finished_turns(out, my_keys)
     stale = [p for p in ([os.path.join(out, trace.MANIFEST)] if opts.rank == 0 else []) + [marker]
              if os.path.exists(p)]
     stale += [trace.trace_path(out, k) for k in my_keys if os.path.exists(trace.trace_path(out, k))]
@@ -111,70 +111,6 @@ def prepare_run_dir(opts: BenchOptions, my_keys: list[str]) -> dict[str, dict]:
                 shutil.rmtree(os.path.join(out, name), ignore_errors=True)
     os.makedirs(os.path.join(out, trace.TRACES), exist_ok=True)
     return {}
-
-
-def _finished_turns(out: str, my_keys: list[str]) -> dict[str, dict]:
-    """Headers of this rank's turns whose trace is present, by key (an unreadable one is run again)."""
-    done = {}
-    for key in my_keys:
-        path = trace.trace_path(out, key)
-        if not os.path.exists(path):
-            continue
-        try:
-            done[key] = trace.read_turn_trace(path)[0]
-        except ValueError as exc:
-            print(f"warning: {exc}; turn {key} runs again", file=sys.stderr)
-    return done
-
-
-# The manifest entries that define a run: a resume must not change them.
-_RUN_IDENTITY = ("mode", "profile", "world_size", "config", "turns")
-
-
-def resume_mismatch(stored: dict, current: dict) -> str | None:
-    """Why the run in ``stored`` (its manifest) is not the one ``current`` would start, or None."""
-    for key in _RUN_IDENTITY:
-        where = _first_difference(stored.get(key), current.get(key), key)
-        if where is not None:
-            return where
-    old = [d.get("sha256") for d in stored.get("data_files", [])]
-    new = [d.get("sha256") for d in current.get("data_files", [])]
-    if old != new:
-        return "data_files: the question files' sha256 differ from the run's"
-    return None
-
-
-def _first_difference(a, b, path: str) -> str | None:
-    """'path: run has A, this command B' at the first (depth-first) differing entry, else None."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        for k in list(a) + [k for k in b if k not in a]:
-            where = _first_difference(a.get(k), b.get(k), f"{path}.{k}")
-            if where is not None:
-                return where
-        return None
-    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        for i, (x, y) in enumerate(zip(a, b)):
-            where = _first_difference(x, y, f"{path}[{i}]")
-            if where is not None:
-                return where
-        return None
-    return None if a == b else f"{path}: the run has {a!r}, this command {b!r}"
-
-
-def _resume_manifest(out: str, current: dict) -> dict | None:
-    """The stored manifest with this resume appended, or None when ``out`` holds no run yet.
-
-    Raises ValueError naming the first entry in which the stored run differs from this command's."""
-    path = os.path.join(out, trace.MANIFEST)
-    if not os.path.exists(path):
-        return None
-    stored = trace.read_json(path)
-    why = resume_mismatch(stored, json.loads(json.dumps(current)))  # as stored: tuples become lists
-    if why is not None:
-        raise ValueError(f"--resume: {out} holds another run ({why}); resume it with its own command "
-                         "(manifest.json 'command') or use a new --out")
-    resumes = stored.get("resumes", []) + [{k: current[k] for k in ("created", "command", "git")}]
-    return {**stored, "resumes": resumes}
 
 
 def build_manifest(cfg, session_mode: str, opts: BenchOptions, turns: list[TurnSpec]) -> dict:
@@ -387,7 +323,7 @@ def _run_rank(cfg, opts: BenchOptions, session, drafter_factory, questions: list
     mine = shard_turns(turns, opts.rank, opts.world_size)
     mode = session.mode if session is not None else decode_mode(cfg)
     manifest = build_manifest(cfg, mode, opts, turns)
-    resumed = _resume_manifest(opts.out, manifest) if opts.resume else None  # checked before any write
+    resumed = resume_manifest(opts.out, manifest) if opts.resume else None  # checked before any write
     if opts.resume and resumed is None and any(os.path.exists(trace.trace_path(opts.out, t.key)) for t in mine):
         raise ValueError(f"--resume: {opts.out} holds turn traces but no {trace.MANIFEST}, so nothing shows "
                          "which command wrote them: use a new --out or --overwrite")
