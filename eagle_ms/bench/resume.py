@@ -62,12 +62,16 @@ def _first_difference(a, b, path: str) -> str | None:
     return None if a == b else f"{path}: the run has {a!r}, this command {b!r}"
 
 
-def resume_manifest(out: str, current: dict) -> dict | None:
+def resume_manifest(out: str, current: dict, my_keys: list[str]) -> dict | None:
     """The stored manifest with this resume appended, or None when ``out`` holds no run yet.
 
-    Raises ValueError naming the first entry in which the stored run differs from this command's."""
+    Raises ValueError naming the first entry in which the stored run differs from this command's, and
+    when ``out`` holds traces of ``my_keys`` but no manifest (nothing shows which command wrote them)."""
     path = os.path.join(out, trace.MANIFEST)
     if not os.path.exists(path):
+        if any(os.path.exists(trace.trace_path(out, key)) for key in my_keys):
+            raise ValueError(f"--resume: {out} holds turn traces but no {trace.MANIFEST}, so nothing shows "
+                             "which command wrote them: use a new --out or --overwrite")
         return None
     stored = trace.read_json(path)
     why = resume_mismatch(stored, json.loads(json.dumps(current)))  # as stored: tuples become lists

@@ -321,13 +321,12 @@ def _run_rank(cfg, opts: BenchOptions, session, drafter_factory, questions: list
 
     turns = expand_turns(questions)
     mine = shard_turns(turns, opts.rank, opts.world_size)
-    mode = session.mode if session is not None else decode_mode(cfg)
-    manifest = build_manifest(cfg, mode, opts, turns)
-    resumed = resume_manifest(opts.out, manifest) if opts.resume else None  # checked before any write
-    if opts.resume and resumed is None and any(os.path.exists(trace.trace_path(opts.out, t.key)) for t in mine):
-        raise ValueError(f"--resume: {opts.out} holds turn traces but no {trace.MANIFEST}, so nothing shows "
-                         "which command wrote them: use a new --out or --overwrite")
-    done = prepare_run_dir(opts, [t.key for t in mine])
+    keys = [t.key for t in mine]
+    manifest = None  # rank 0 writes it; a resuming rank compares it with the stored one, before any write
+    if opts.rank == 0 or opts.resume:
+        manifest = build_manifest(cfg, session.mode if session is not None else decode_mode(cfg), opts, turns)
+    resumed = resume_manifest(opts.out, manifest, keys) if opts.resume else None
+    done = prepare_run_dir(opts, keys)
     if opts.resume and opts.progress:
         print(f"resume: {len(done)} of this rank's {len(mine)} turns already done in {opts.out}"
               if resumed is not None else f"resume: no run in {opts.out} yet, starting one", file=sys.stderr)
@@ -367,27 +366,22 @@ def _run_turns(session, questions: list[Question], mine: list[TurnSpec], opts: B
     for spec in mine:
         q = by_id[(spec.dataset, spec.question_id)]
         prev = answers.setdefault((q.dataset, q.question_id), [])
-        if spec.key in done:
-            header = done[spec.key]
-            base = header["baseline"]
-            prev.append(_answer_text(session, base["tokens"]) if base is not None else None)
-            counts[header["status"]] += 1
-            counts["mismatched"] += header["exact"] is False
-            continue
-        prompt_ids, skip = None, None
-        if any(a is None for a in prev[:spec.turn - 1]):
-            skip = f"turn {prev.index(None) + 1}'s baseline failed: its answer is needed for this prompt"
-        else:
-            prompt_ids = build_prompt(session, q, spec.turn, prev)
-        if not warmed and prompt_ids is not None:
-            _warm_up(session, prompt_ids, factory, spec, opts.warmup_tokens)
-            warmed = True
-            progress.restart()  # the ETA should not count compilation
-        header, steps = runner.run(spec, prompt_ids, skip)
+        header = done.get(spec.key)
+        if header is None:  # not kept from an interrupted run: run it now
+            prompt_ids, skip = None, None
+            if any(a is None for a in prev[:spec.turn - 1]):
+                skip = f"turn {prev.index(None) + 1}'s baseline failed: its answer is needed for this prompt"
+            else:
+                prompt_ids = build_prompt(session, q, spec.turn, prev)
+            if not warmed and prompt_ids is not None:
+                _warm_up(session, prompt_ids, factory, spec, opts.warmup_tokens)
+                warmed = True
+                progress.restart()  # the ETA should not count compilation
+            header, steps = runner.run(spec, prompt_ids, skip)
+            trace.write_turn_trace(opts.out, header, steps)
+            progress.update(spec.key, _turn_note(header))
         base = header["baseline"]
         prev.append(_answer_text(session, base["tokens"]) if base is not None else None)
-        trace.write_turn_trace(opts.out, header, steps)
         counts[header["status"]] += 1
         counts["mismatched"] += header["exact"] is False
-        progress.update(spec.key, _turn_note(header))
     return counts
