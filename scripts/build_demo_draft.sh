@@ -8,9 +8,8 @@
 #   bash scripts/build_demo_draft.sh [WORK_DIR] [--export DIR]   (default WORK_DIR: $HOME/eagle_ms_work/demo_draft)
 #
 # DEMO_DRAFT_TEACHER=DIR builds the draft for another teacher checkpoint of the same architecture (default:
-# the config's model.checkpoint, the shipped teacher), e.g. the long-context teacher of
-# eagle_ms/assets/demo_next (its README.md gives the whole command). Regeneration, features and the draft's
-# shared embeddings all come from that teacher.
+# the config's model.checkpoint, the shipped teacher), e.g. the phase-1 teacher of MODEL_CARD.md's previous
+# pair. Regeneration, features and the draft's shared embeddings all come from that teacher.
 #
 # DEMO_DRAFT_WORKERS=N (default 1) runs regenerate, preprocess and train-draft on N msrun workers
 # (scripts/msrun_{regenerate,preprocess,train_draft}.sh; master port DEMO_DRAFT_PORT, default 8138):
@@ -50,9 +49,10 @@ export GLOG_v=${GLOG_v:-3}
 CFG=configs/demo.yaml
 LIMIT=${DEMO_DRAFT_LIMIT:-2400}     # ShareGPT conversations offered (long first prompts are skipped)
 STEPS=${DEMO_DRAFT_STEPS:-1500}
-# DEMO_DRAFT_ANSWER_TOKENS (default 256, the shipped draft) sets the answer length the draft learns;
-# acceptance falls past it (docs/results.md §4): set it to the answer length you serve, e.g. 1024.
-ANSWER=${DEMO_DRAFT_ANSWER_TOKENS:-256}
+# DEMO_DRAFT_ANSWER_TOKENS (default 1024, the shipped draft) sets the answer length the draft learns;
+# acceptance falls past it (docs/results.md §4): set it to the answer length you serve. 256 was the
+# previous pair's (MODEL_CARD.md), ~6x cheaper to build.
+ANSWER=${DEMO_DRAFT_ANSWER_TOKENS:-1024}
 PROMPT=256                          # first prompts longer than this are skipped
 TEACHER=()
 if [ -n "${DEMO_DRAFT_TEACHER:-}" ]; then

@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# Continue the shipped demo teacher's training on 2048-token windows, in the background, from a
-# frozen copy of the code. Resumable: rerun the same command after a stop; a finished run is a no-op.
+# Phase 2 of the shipped demo teacher: continue the phase-1 (1024-token window) teacher's training on
+# 2048-token windows, in the background, from a frozen copy of the code. Resumable: rerun the same command
+# after a stop; a finished run is a no-op.
 #
-#   bash scripts/train_demo_teacher_2048.sh [WORK_DIR]              start or resume (default $HOME/eagle_ms_work/teacher2048)
+#   TEACHER2048_INIT=PHASE1_DIR bash scripts/train_demo_teacher_2048.sh [WORK_DIR]
+#                                                                   start or resume (default $HOME/eagle_ms_work/teacher2048)
 #   bash scripts/train_demo_teacher_2048.sh --export DIR [WORK_DIR] export the newest checkpoint (fp16) and exit
 #   bash scripts/train_demo_teacher_2048.sh --eval [WORK_DIR]       held-out loss by position band of the newest
 #                                                                   checkpoint -> WORK_DIR/bands-step-N.json
 #                                                                   (not while training runs: memory)
 #
-# Recipe (eagle_ms/assets/demo/MODEL_CARD.md, "Long-context continuation"): model configs/demo.yaml, weights
-# initialised from the shipped 1024-token teacher (eagle_ms/assets/demo/teacher of the frozen copy; its
-# training optimiser state does not exist any more, so AdamW starts fresh), random windows of 1 x 2048
+# Recipe (eagle_ms/assets/demo/MODEL_CARD.md, "Phase 2"): model configs/demo.yaml, weights initialised from
+# TEACHER2048_INIT, the phase-1 teacher's fp16 export (scripts/train_demo_teacher.sh --export, or the
+# phase-1 weights in git history as the card says; needed until the work dir has a checkpoint, ignored
+# after; its training optimiser state does not exist any more, so AdamW starts fresh), random windows of 1 x 2048
 # tokens (max_position_embeddings = runtime.seq_length), AdamW (0.9/0.95, wd 0.1) peak lr 1e-3, 100 warmup
 # steps, cosine decay to 10 %, grad clip 1.0, seed 13 (other windows than the original run's seed 0),
 # checkpoints every 50 steps. Batch 1 x 2048 is the smallest batch of 2048-token windows; its train graph
@@ -26,6 +29,7 @@
 # (created by scripts/setup.sh). The job runs under `nice -n 19`: it only takes idle CPU.
 # Progress (loss, tok/s, ETA, evals): WORK_DIR/train.log.
 set -euo pipefail
+if [ -n "${TEACHER2048_INIT:-}" ]; then TEACHER2048_INIT=$(realpath -m "$TEACHER2048_INIT"); fi  # before any cd
 cd "$(dirname "$0")/.."
 STEPS=${TEACHER2048_STEPS:-900}
 MODE=train
@@ -58,7 +62,15 @@ esac
 if running; then
   echo "already running: tail -f $WORK/train.log"; exit 0
 fi
-ARGS=(--config configs/demo.yaml --work-dir "$WORK" --init-from eagle_ms/assets/demo/teacher
+INIT=()
+if [ -n "${TEACHER2048_INIT:-}" ]; then
+  [ -f "$TEACHER2048_INIT/model.safetensors" ] || { echo "TEACHER2048_INIT=$TEACHER2048_INIT: no model.safetensors there" >&2; exit 2; }
+  INIT=(--init-from "$TEACHER2048_INIT")
+elif [ ! -d "$WORK/checkpoints" ]; then
+  echo "set TEACHER2048_INIT to the phase-1 teacher directory (eagle_ms/assets/demo/MODEL_CARD.md, Phase 2): $WORK has no checkpoint to resume" >&2
+  exit 2
+fi
+ARGS=(--config configs/demo.yaml --work-dir "$WORK" "${INIT[@]}"
       --batch-size 1 --seq-len 2048 --steps "$STEPS" --lr 1e-3 --warmup 100 --seed 13
       --save-every 50 --eval-every 0)
 EVAL=(--checkpoint "$WORK" --seq-len 2048 --windows 48 --cache-dir "$WORK/cache" --out "$WORK/bands-step-$STEPS.json")
