@@ -284,7 +284,7 @@ def test_sampled_bench_compares_seeded_runs(smoke, data_dir, tmp_path):
     assert sorted(mine) == ["mt_bench-81-1", "mt_bench-81-2"] and mine["mt_bench-81-1"] != greedy["mt_bench-81-1"]
 
 
-def test_sweep_cli_two_budgets(data_dir, tmp_path):
+def test_sweep_cli_two_budgets(data_dir, tmp_path, capsys):
     out = str(tmp_path / "sweep")
     args = ["sweep", "--config", TINY, "--data-dir", data_dir, "--datasets", "humaneval", "--limit", "1",
             "--draft", "test", "--max-new-tokens", "4", "--warmup-tokens", "2", "--no-progress",
@@ -296,6 +296,9 @@ def test_sweep_cli_two_budgets(data_dir, tmp_path):
     assert all(r["turns_ok"] == 1 and r["exactness"] == 1.0 for r in result["rows"])
     man = trace.read_json(os.path.join(out, "points", "M8-D3-Wnone", "manifest.json"))
     assert man["run"]["budget"] == 8 and man["run"]["max_depth"] == 3
+    # each point ran in its own process (earlier points' graphs slowed later points in a shared one)
+    pids = {trace.read_json(os.path.join(out, "points", p, "manifest.json"))["pid"] for p in ("M4-D3-Wnone", "M8-D3-Wnone")}
+    assert len(pids) == 2 and os.getpid() not in pids
     assert "| M4-D3-Wnone | 4 | 3 | none | 1 |" in open(os.path.join(out, "sweep.md")).read()
     assert main(["report", out]) == 0
     assert os.path.exists(os.path.join(out, "plots", "sweep_budget.png"))
@@ -307,6 +310,11 @@ def test_sweep_cli_two_budgets(data_dir, tmp_path):
     assert open(first, "rb").read() == kept
     rows = trace.read_json(os.path.join(out, "sweep.json"))["results"][0]["rows"]
     assert [r["turns_ok"] for r in rows] == [1, 1]
+    # a point's error, raised in its process, is this command's error (message, exit code 2)
+    other = list(args)
+    other[other.index("--max-new-tokens") + 1] = "5"
+    assert main([*other, "--resume"]) == 2
+    assert "(config.generation.max_new_tokens: the run has 4, this command 5)" in capsys.readouterr().err
 
 
 def test_a_run_dir_another_process_writes_is_refused_before_anything_is_written(data_dir, tmp_path, capsys):

@@ -119,6 +119,7 @@ def build_manifest(cfg, session_mode: str, opts: BenchOptions, turns: list[TurnS
         "kind": "bench",
         "command": opts.command,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "pid": os.getpid(),  # the process that ran rank 0's turns (a sweep runs each point in its own)
         "mode": session_mode,
         "profile": opts.profile,
         "run": {"draft": spec.draft, "step": spec.step, "budget": spec.budget, "max_depth": spec.max_depth, "top_k": spec.top_k,

@@ -6,8 +6,12 @@ sweeps run once. ``<sweep>/sweep.json`` holds the plan and, per sweep, one row p
 ``sweep.md`` one table per sweep; ``plots/sweep_<name>.png`` the curves. ``eagle-ms report <sweep>``
 rebuilds everything from the points' traces.
 
-Each point builds its own Session (the teacher's commit width depends on Dmax and the verify graph on
-M), so a point costs one teacher build + compile; for large teachers, run few points per job.
+Each point runs in its own child process (``multiprocessing`` spawn), which builds its Session (the
+teacher's commit width depends on Dmax and the verify graph on M), runs the point and exits: a point costs
+one process start, teacher build and compile. When the points ran one after another in one process, the
+earlier points' graphs stayed resident and every later point decoded slower (a 4-point sweep of
+the demo pair: baseline 127, 116, 78, 67 tokens/s; 121-135 for the same points run alone), which skewed
+the speedups of the later points (docs/results.md §2).
 
 Plans (``plan_sweeps``):
   --preset table2         M in {16,32,64,128,256} at Dmax=10, and Dmax in {4,8,10,12,16} at M=64
@@ -18,8 +22,10 @@ Plans (``plan_sweeps``):
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import os
 import sys
+import traceback
 from dataclasses import dataclass
 
 from eagle_ms import trace
@@ -120,7 +126,6 @@ def run_sweep(cfg, sweeps: list[Sweep], opts, command: str | None = None) -> dic
     run its lock on the point directory: a second sweep into the same directory is refused.
     """
     from eagle_ms.bench.distributed import job_id
-    from eagle_ms.bench.runner import run_bench
 
     sweep_dir = opts.out
     points = unique_points(sweeps)
@@ -133,8 +138,50 @@ def run_sweep(cfg, sweeps: list[Sweep], opts, command: str | None = None) -> dic
         for i, p in enumerate(points):
             if opts.progress:
                 print(f"sweep point {i + 1}/{len(points)}: {p.name}", file=sys.stderr, flush=True)
-            run_bench(configs[p], dataclasses.replace(opts, out=point_dir(sweep_dir, p), command=command))
+            _run_point_process(p, configs[p], dataclasses.replace(opts, out=point_dir(sweep_dir, p), command=command))
         return write_sweep_report(sweep_dir) if opts.rank == 0 else None
+
+
+def _run_point_process(point: SweepPoint, cfg, opts) -> None:
+    """Run one point's bench in a fresh child process; its error is raised here, as if raised in-process.
+
+    A child that dies without reporting (killed, out of memory) is a RuntimeError naming the point: its
+    finished turns are on disk and ``--resume`` continues the sweep.
+    """
+    ctx = multiprocessing.get_context("spawn")
+    receive, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_point_child, args=(send, cfg, opts), name=f"sweep-{point.name}")
+    child.start()
+    send.close()
+    try:
+        error = receive.recv()
+    except EOFError:  # the child ended without a word
+        error = None
+    child.join()
+    if error is not None:
+        raise error
+    if child.exitcode != 0:
+        raise RuntimeError(f"sweep point {point.name}: its process ended with exit code {child.exitcode} "
+                           f"before finishing; its finished turns are kept in {opts.out}: rerun with --resume")
+
+
+def _point_child(send, cfg, opts) -> None:
+    """Child process body: set up MindSpore, run the point, report ``None`` or the exception raised."""
+    from eagle_ms.bench.runner import run_bench
+    from eagle_ms.runtime import setup_context
+
+    try:
+        setup_context(cfg)
+        run_bench(cfg, opts)
+    except BaseException as exc:  # noqa: BLE001 - every failure goes back to the parent, which re-raises it
+        if not isinstance(exc, (ValueError, OSError, KeyboardInterrupt)):  # the CLI reports those by message;
+            traceback.print_exc()                                          # anything else keeps its traceback
+        try:
+            send.send(exc)
+        except Exception:  # noqa: BLE001 - an exception that does not pickle goes back as its text
+            send.send(RuntimeError(f"{type(exc).__name__}: {exc}"))
+        raise SystemExit(1) from None
+    send.send(None)
 
 
 def _plan_dict(sweeps: list[Sweep]) -> list[dict]:
