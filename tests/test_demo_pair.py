@@ -15,6 +15,7 @@ import pytest
 from conftest import REPO
 from eagle_ms.assets import DEMO_DIR
 from eagle_ms.config import SamplingParams, load_config
+from eagle_ms.device_drafter import DeviceTreeDrafter
 from eagle_ms.draft_weights import load_draft_checkpoint, random_draft_state
 from eagle_ms.runtime import eagle3_drafter_from_state
 from eagle_ms.session import Session
@@ -27,10 +28,12 @@ NEW_TOKENS = 40
 @pytest.fixture(scope="module")
 def session():
     # every step drafts (fallback off): tau here measures the draft itself; the fallback's losslessness is
-    # tested in test_eagle3_lossless.py / test_cli.py and the shipped config runs in the demo test below
+    # tested in test_eagle3_lossless.py / test_cli.py. The shipped step (device) runs here; the host step
+    # runs on the same pair in the demo entry-point test below.
     cfg = load_config(DEMO_YAML, {"speculative.draft": "eagle3", "generation.max_new_tokens": NEW_TOKENS,
                                   "runtime.seq_length": 1024, "runtime.attention_windows": None,
                                   "speculative.fallback_accept": 0.0})
+    assert cfg.speculative.step == "device"
     s = Session(cfg)
     s.warm_up()
     return s
@@ -134,7 +137,8 @@ def test_shipped_draft_acceptance_far_above_random_draft(session):
     draft_cfg, shipped_state = load_draft_checkpoint(spec.draft_path, session.cfg.model)
     random_state = random_draft_state(draft_cfg, seed=1)
     random_state["d2t"], random_state["t2d"] = shipped_state["d2t"], shipped_state["t2d"]
-    random_drafter = eagle3_drafter_from_state(session.runner, draft_cfg, random_state, spec.budget, spec.max_depth, spec.top_k)
+    random_drafter = DeviceTreeDrafter(eagle3_drafter_from_state(session.runner, draft_cfg, random_state,
+                                                                 spec.budget, spec.max_depth, spec.top_k))
     random_drafter.warm_up()
     taus = {"shipped": [], "random": []}
     for text in _heldout_prompts(4):
@@ -152,11 +156,13 @@ def test_shipped_draft_acceptance_far_above_random_draft(session):
 def test_demo_entry_point_on_the_bundled_sample(capsys):
     """`bash scripts/demo.sh` minus set-up: the bundled sample, short answers, exit 0 (all identical). One
     attention window of 1 024 slots (the session fixture's cache) instead of the shipped four: a quarter of
-    the graphs to compile; the shipped windows' output is the same (tests/test_attention_window.py)."""
+    the graphs to compile; the shipped windows' output is the same (tests/test_attention_window.py). It runs
+    the host step, the reference (the fixture runs the shipped device step), so both steps meet this pair."""
     from eagle_ms.demo import SAMPLE_DATA, main
 
     small_cache = ["--set", "runtime.seq_length=1024", "--set", "runtime.attention_windows=null"]
-    assert main(["--data-dir", SAMPLE_DATA, "--per-dataset", "1", "--max-new-tokens", "12", *small_cache]) == 0
+    host = ["--set", "speculative.step=host"]
+    assert main(["--data-dir", SAMPLE_DATA, "--per-dataset", "1", "--max-new-tokens", "12", *small_cache, *host]) == 0
     out = capsys.readouterr().out
     assert out.count("output identical") == 2 and "### mt_bench 81" in out and "### humaneval 0" in out
     assert "outputs all identical to teacher-only" in out
