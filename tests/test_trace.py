@@ -1,4 +1,4 @@
-"""Run-directory files: traces round-trip, malformed traces, manifest helpers, rank wait, trace diff."""
+"""Run-directory files: traces round-trip, malformed traces, manifest helpers, rank wait, trace diff, trace speed."""
 import hashlib
 import json
 import os
@@ -9,6 +9,8 @@ from test_bench_summary import write_run
 
 from eagle_ms import trace
 from eagle_ms.cli import main
+
+approx = pytest.approx
 
 
 def test_trace_round_trip_and_malformed(tmp_path):
@@ -93,3 +95,52 @@ def test_trace_diff_against_a_missing_directory_says_so(tmp_path, capsys):
     assert main(["trace", "diff", str(tmp_path / "a"), str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err
     assert f"run directory not found: {tmp_path / 'nope'}" in err and "Traceback" not in err
+
+
+def _retime(run, key, base_tps, ea_tps, prompt=None):
+    """Set one turn's baseline / EA tokens/s (and its speedup) in a written run; optionally its prompt."""
+    header, steps = trace.read_turn_trace(trace.trace_path(run, key))
+    header["baseline"]["tokens_per_s"], header["ea"]["tokens_per_s"] = base_tps, ea_tps
+    header["speedup"] = ea_tps / base_tps
+    if prompt is not None:
+        header["prompt_ids"] = prompt
+    trace.write_turn_trace(run, header, steps)
+
+
+def test_trace_speed_pairs_turns_and_reports_ratios_by_hand(tmp_path, capsys):
+    from eagle_ms.bench.speed_compare import compare_speed
+
+    before, after = str(tmp_path / "before"), str(tmp_path / "after")
+    write_run(before)               # ok turns: mt_bench-81-1 (100, 150 tok/s), humaneval-0-1 (200, 200)
+    write_run(after, b_tps=300.0)   # humaneval-0-1: (200, 300)
+    _retime(after, "mt_bench-81-1", 150.0, 300.0)
+    c = compare_speed(before, after)
+    assert c["turns"] == 2 and c["not_ok"] == ["humaneval-1-1"] and c["prompt_differs"] == []
+    assert c["only_before"] == c["only_after"] == [] and c["ea_tokens_differ"] == []
+    # baseline ratios 150/100 = 1.5 and 200/200 = 1; EA ratios 300/150 = 2 and 300/200 = 1.5
+    assert c["baseline"] == {"before_mean": approx(150.0), "after_mean": approx(175.0),
+                             "ratio_of_means": approx(350 / 300), "median_ratio": approx(1.25),
+                             "geomean_ratio": approx(1.5 ** 0.5), "turns_faster": 1}
+    assert c["ea"] == {"before_mean": approx(175.0), "after_mean": approx(300.0),
+                       "ratio_of_means": approx(600 / 350), "median_ratio": approx(1.75),
+                       "geomean_ratio": approx(3.0 ** 0.5), "turns_faster": 2}
+    assert c["speedup_mean"] == {"before": approx(1.25), "after": approx(1.75)}  # (1.5 + 1) / 2, (2 + 1.5) / 2
+    assert main(["trace", "speed", before, after]) == 0
+    out = capsys.readouterr().out
+    assert "2 turns paired" in out and "| speculative (EA) tokens/s | 175.00 | 300.00 | 1.714x | 1.750x |" in out
+
+    _retime(after, "mt_bench-81-1", 150.0, 300.0, prompt=[1, 2, 4])  # a different prompt: left out, listed
+    c = compare_speed(before, after)
+    assert c["turns"] == 1 and c["prompt_differs"] == ["mt_bench-81-1"]
+    assert c["ea"]["ratio_of_means"] == approx(1.5)
+
+
+def test_trace_speed_refuses_missing_runs_and_runs_with_nothing_in_common(tmp_path, capsys):
+    before, other = str(tmp_path / "before"), str(tmp_path / "other")
+    write_run(before)
+    assert main(["trace", "speed", before, str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert f"run directory not found: {tmp_path / 'nope'}" in err and "Traceback" not in err
+    os.makedirs(other)
+    assert main(["trace", "speed", before, other]) == 2
+    assert "no turn is ok in both" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""The benchmark's CLI commands (``eagle-ms bench | sweep | report | trace diff``), registered by
+"""The benchmark's CLI commands (``eagle-ms bench | sweep | report | trace diff | trace speed``), registered by
 ``eagle_ms.cli``; thin: argparse -> config/options -> one library call."""
 from __future__ import annotations
 
@@ -136,6 +136,14 @@ def cmd_trace_diff(args) -> int:
     return 0 if same else 1
 
 
+def cmd_trace_speed(args) -> int:
+    from eagle_ms.bench.speed_compare import compare_speed, format_speed
+
+    result = compare_speed(args.run_before, args.run_after)
+    print(json.dumps(result, indent=1) if args.json else format_speed(result))
+    return 0
+
+
 def headline(summary: dict, run_dir: str) -> str:
     t, t1, ex = summary["turns"], summary["table1"], summary["exactness"]
     sp, acc = t1["speedup"], t1["accept_L"]
@@ -173,3 +181,8 @@ def add_parsers(sub) -> None:
     d.add_argument("run_b")
     d.add_argument("--json", action="store_true")
     d.set_defaults(func=cmd_trace_diff)
+    v = tsub.add_parser("speed", help="before/after: per-turn ratios of two runs' baseline and EA tokens/s")
+    v.add_argument("run_before")
+    v.add_argument("run_after")
+    v.add_argument("--json", action="store_true")
+    v.set_defaults(func=cmd_trace_speed)

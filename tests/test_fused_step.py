@@ -1,0 +1,59 @@
+"""The fused draft+verify graph of the timing tool (eagle_ms/bench/fused_step_timing.py): same step as the
+device step's two calls, and the step's emitted tokens are the teacher-only greedy continuation.
+
+A tiny teacher and a random EAGLE-3 draft (as tests/test_device_loop.py). The reference for the tokens is
+the host-driven teacher-only loop (``generate`` without a drafter), a second implementation of the decode.
+"""
+import numpy as np
+import pytest
+from mindspore import Tensor
+
+from eagle_ms.bench.fused_step_timing import FusedStep, fused_vs_two_calls, state_after_steps
+from eagle_ms.device_drafter import DeviceTreeDrafter
+from eagle_ms.device_verify import DeviceVerifier
+from eagle_ms.draft_weights import default_draft_config, load_draft_state, random_draft_state
+from eagle_ms.drafting import TreeParams
+from eagle_ms.eagle3_drafter import Eagle3Drafter, scratch_size
+from eagle_ms.generate import DecodeSettings, generate
+from eagle_ms.models.eagle3 import Eagle3Draft
+from eagle_ms.models.step_result import unpack_result
+from helpers_models import TINY, build_teacher, make_runner, prompt
+
+CAPACITY, CHUNK, DEPTH, BUDGET = 64, 8, 4, 8
+PROMPT = prompt(21, 9)
+
+
+@pytest.fixture(scope="module")
+def parts():
+    model, _ = build_teacher(CAPACITY, seed=43)
+    runner = make_runner(model, CHUNK, DEPTH)
+    cfg = default_draft_config(TINY, draft_vocab_size=40)
+    params = TreeParams(BUDGET, DEPTH, 2)
+    draft = Eagle3Draft(cfg, 1, CAPACITY + scratch_size(params, CHUNK), 2, embed=model.model.embed_tokens.weight)
+    load_draft_state(draft, random_draft_state(cfg, 3, std=0.3))
+    device_tree = DeviceTreeDrafter(Eagle3Drafter(draft, params, CAPACITY, CHUNK))
+    baseline = generate(runner, PROMPT, DecodeSettings(max_depth=DEPTH, max_new_tokens=40)).tokens
+    return DeviceVerifier(runner, DEPTH), device_tree, baseline
+
+
+@pytest.mark.parametrize("warm_steps", [1, 3])
+def test_fused_step_emits_the_teacher_only_continuation(parts, warm_steps):
+    verifier, device_tree, baseline = parts
+    result, aux, prev, length = state_after_steps(verifier, device_tree, PROMPT, warm_steps)
+    assert prev < length <= PROMPT.size + 1 + warm_steps * (DEPTH + 1)
+    fused = FusedStep(device_tree.graph(device_tree.window(length)),
+                      verifier.steps[verifier.runner.attention_width(length + BUDGET + 1)])
+    (step,) = unpack_result(fused(result, aux, Tensor(np.array([prev], np.int32)))[0].asnumpy())
+    done = length - PROMPT.size + 1  # answer tokens so far: the committed ones and the root
+    assert list(step.tokens) == baseline[done:done + step.accepted_len + 1]
+    verifier.runner.reset()
+
+
+def test_timing_arms_agree_and_are_timed(parts):
+    verifier, device_tree, _ = parts
+    out = fused_vs_two_calls(verifier, device_tree, PROMPT, warm_steps=2, repeats=2, rounds=2)
+    assert out["results_equal"] is True
+    assert out["two_calls_ms"] > 0 and out["fused_ms"] > 0 and out["context"] > PROMPT.size
+    assert verifier.runner.length == 0  # the runner is left reset
+    with pytest.raises(ValueError, match="warm_steps=0"):
+        fused_vs_two_calls(verifier, device_tree, PROMPT, warm_steps=0, repeats=1, rounds=1)
