@@ -144,6 +144,14 @@ def read_traces(run_dir: str) -> list[tuple[dict, list[dict]]]:
     return sorted(out, key=lambda item: (item[0].get("index", 0), item[0]["key"]))
 
 
+def turn_headers(run_dir: str) -> dict[str, dict]:
+    """The turn headers of a run directory by turn key (``read_traces`` order); a directory that does not
+    exist is a FileNotFoundError naming it."""
+    if not os.path.isdir(run_dir):
+        raise FileNotFoundError(f"run directory not found: {run_dir}")
+    return {h["key"]: h for h, _ in read_traces(run_dir)}
+
+
 # --- failures and rank markers -----------------------------------------------------------------
 
 _DUMP_COUNTER = itertools.count()
@@ -195,11 +203,7 @@ def diff_runs(run_a: str, run_b: str) -> list[dict]:
     """Per turn (union of both runs, in turn order): do the generated tokens agree, and where do they
     first diverge? Compares the EA tokens and the baseline tokens separately, and the prompts.
     A run directory that does not exist is a FileNotFoundError naming it."""
-    for run in (run_a, run_b):
-        if not os.path.isdir(run):
-            raise FileNotFoundError(f"run directory not found: {run}")
-    a = {h["key"]: h for h, _ in read_traces(run_a)}
-    b = {h["key"]: h for h, _ in read_traces(run_b)}
+    a, b = turn_headers(run_a), turn_headers(run_b)
     if not a and not b:
         raise ValueError(f"no traces in {run_a} or {run_b}")
     order = sorted(set(a) | set(b), key=lambda k: ((a.get(k) or b.get(k)).get("index", 0), k))

@@ -29,16 +29,18 @@ from eagle_ms.device_drafter import DeviceTreeDrafter, no_step_result
 from eagle_ms.device_verify import DeviceVerifier, TreeInputs
 from eagle_ms.generate import DecodeSettings
 from eagle_ms.host_step import first_token
+from eagle_ms.models.draft_tree_step import ACCEPTED_COLUMN, OUTPUT_NAMES
 
-# DraftTreeStep output positions (eagle_ms/models/draft_tree_step.py OUTPUT_NAMES)
-TOKENS, POSITION_IDS, TREE_MASK, PATHS, PATH_LENGTHS = 0, 5, 7, 8, 9
+# the DraftTreeStep outputs the verify graph takes, by position
+TOKENS, POSITION_IDS, TREE_MASK, PATHS, PATH_LENGTHS = (
+    OUTPUT_NAMES.index(name) for name in ("tokens", "position_ids", "tree_mask", "paths", "path_lengths"))
 
 
 class FusedStep(nn.Cell):
     """DraftTreeStep then VerifyStep in one graph (module doc).
 
     construct(result [B,2D+3] i32, accepted_aux [B,D+1,3Ht], committed_len [B] i32) -> the VerifyStep's
-    (result, accepted_aux) for the tree drafted at L' = committed_len + A + 1 (A = result[:, 0])."""
+    (result, accepted_aux) for the tree drafted at L' = committed_len + A + 1 (A = result[:, ACCEPTED_COLUMN])."""
 
     def __init__(self, draft_step, verify_step):
         super().__init__(auto_prefix=False)  # the teacher's and the draft's parameter names stay as they are
@@ -46,7 +48,7 @@ class FusedStep(nn.Cell):
 
     def construct(self, result, accepted_aux, committed_len):
         tree = self.draft_step(result, accepted_aux, committed_len)
-        length = committed_len + result[:, 0] + 1
+        length = committed_len + result[:, ACCEPTED_COLUMN] + 1
         return self.verify_step(tree[TOKENS], tree[POSITION_IDS], tree[TREE_MASK], tree[PATHS],
                                 tree[PATH_LENGTHS], length)
 

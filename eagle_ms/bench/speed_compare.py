@@ -15,19 +15,11 @@ ratio_of_means 35 / 30 = 1.167, median 1.25, geometric mean sqrt(1.5) = 1.225, t
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
-from eagle_ms.trace import read_traces
+from eagle_ms.trace import turn_headers
 
 QUANTITIES = (("baseline", "teacher-only (baseline) tokens/s"), ("ea", "speculative (EA) tokens/s"))
-
-
-def _ok_turns(run_dir: str) -> dict[str, dict]:
-    if not os.path.isdir(run_dir):
-        raise FileNotFoundError(f"run directory not found: {run_dir}")
-    return {h["key"]: h for h, _ in read_traces(run_dir)}
 
 
 def _ratios(before: list[float], after: list[float]) -> dict:
@@ -41,7 +33,7 @@ def _ratios(before: list[float], after: list[float]) -> dict:
 def compare_speed(run_before: str, run_after: str) -> dict:
     """The comparison (module doc) as a JSON-ready dict. Raises FileNotFoundError naming a missing run
     directory, ValueError when no turn is ok in both runs with the same prompt."""
-    before, after = _ok_turns(run_before), _ok_turns(run_after)
+    before, after = turn_headers(run_before), turn_headers(run_after)
     keys = sorted(set(before) & set(after), key=lambda k: (before[k].get("index", 0), k))
     not_ok = [k for k in keys if before[k]["status"] != "ok" or after[k]["status"] != "ok"]
     prompt_differs = [k for k in keys if k not in not_ok
