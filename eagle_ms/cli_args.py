@@ -86,7 +86,8 @@ DECODE_FLAGS = (
     Flag("speculative.fallback_accept", "teacher-only steps while the mean accept_L is below this; 'auto' = "
          "the break-even measured from step times", parse=_auto_or_float),
     Flag("speculative.mode", "reference (all checks) or performance"),
-    Flag("speculative.step", "device (draft + verify graphs, tokens to the host) or host (host-driven step)"),
+    Flag("speculative.step", "device (draft + verify graphs, tokens to the host), fused (the same in one graph "
+         "call per step) or host (host-driven step)"),
     Flag("speculative.draft_window", "keep the last W tokens of draft context, or 'none'", nullable=True),
 )
 _CHOICES = {"speculative.draft": DRAFTS, "speculative.mode": DECODE_MODES, "speculative.step": STEPS}

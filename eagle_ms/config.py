@@ -29,7 +29,8 @@ DEVICES = ("CPU", "Ascend", "GPU")
 EXEC_MODES = ("graph", "pynative")
 DECODE_MODES = ("reference", "performance")
 DRAFTS = ("none", "test", "eagle3")
-STEPS = ("device", "host")  # speculative.step: where a decode step runs (eagle_ms/generate.py)
+STEPS = ("device", "fused", "host")  # speculative.step: where a decode step runs (eagle_ms/generate.py)
+DEVICE_STEPS = ("device", "fused")  # the steps driven by device graphs (fused: draft + verify in one call)
 FALLBACK_AUTO = "auto"  # speculative.fallback_accept: the bar measured from step times (eagle_ms/fallback.py)
 SECTIONS = ("model", "tokenizer", "runtime", "generation", "speculative")
 
@@ -295,7 +296,7 @@ class SpeculativeConfig:
     max_depth: int = 10  # Dmax
     top_k: int = 4
     mode: str = "performance"  # reference | performance (env EAGLE_MS_MODE overrides)
-    step: str = "host"  # host: host-driven step | device: draft + verify graphs, tokens to the host
+    step: str = "host"  # host: host-driven step | device: draft + verify graphs, tokens to the host | fused: one graph
     draft_window: int | None = None  # keep only the last W tokens of draft context (None = full)
     min_path_prob: float = 0.0  # eagle3: stop drafting deeper once every frontier path's probability < this
     fallback_accept: float | str = 0.0  # fall back while mean accept_L < this (0 = off; auto = measured c - 1)

@@ -26,7 +26,7 @@ from eagle_ms.eagle3_drafter import Eagle3Drafter
 from eagle_ms.models.draft_tree_step import ACCEPTED_COLUMN, OUTPUT_NAMES, DraftTreeStep, result_width
 from eagle_ms.tree import TreeTensors
 
-__all__ = ["DeviceTree", "DeviceTreeDrafter", "HostTree", "no_step_result"]
+__all__ = ["DeviceTree", "DeviceTreeDrafter", "HostTree", "as_tensor", "no_step_result"]
 
 
 def no_step_result(max_depth: int) -> np.ndarray:
@@ -106,6 +106,15 @@ class DeviceTreeDrafter:
         values), committed_len L (pairs committed before this call), accepted A (-1: no step yet). Raises
         ValueError naming the value when A is out of range or L + A + 1 pairs do not fit the cache.
         """
+        length = self.next_length(committed_len, accepted)
+        outputs = self.graph(self.window(length))(as_tensor(result, np.int32), as_tensor(accepted_aux, np.float32),
+                                                   Tensor(np.array([committed_len], np.int32)))
+        self.drafter.follow_device(length)
+        return self.tree(outputs, length)
+
+    def next_length(self, committed_len: int, accepted: int) -> int:
+        """L' = L + A + 1, the committed length the next tree is drafted at. Raises ValueError naming the
+        value when A is out of [-1, max_depth] or L' pairs do not fit the cache."""
         d = self.params.max_depth
         if not -1 <= accepted <= d:
             raise ValueError(f"accepted={accepted}: must be in [-1, max_depth {d}]")
@@ -113,10 +122,11 @@ class DeviceTreeDrafter:
         if committed_len < (1 if accepted < 0 else 0) or length > self.capacity:
             raise ValueError(f"committed_len={committed_len} + accepted {accepted} + 1 = {length} pairs must be in "
                              f"[1, capacity {self.capacity}]")
-        outputs = self.graph(self.window(length))(_tensor(result, np.int32), _tensor(accepted_aux, np.float32),
-                                                   Tensor(np.array([committed_len], np.int32)))
-        self.drafter.follow_device(length)
-        return DeviceTree(*outputs, committed_len=length, budget=self.params.budget, max_depth=d)
+        return length
+
+    def tree(self, outputs, length: int) -> DeviceTree:
+        """The twelve DraftTreeStep outputs (OUTPUT_NAMES order) of the tree drafted at L' = ``length``."""
+        return DeviceTree(*outputs, committed_len=length, budget=self.params.budget, max_depth=self.params.max_depth)
 
     def warm_up(self, windows=None) -> None:
         """Compile the graph of every attention window (or of ``windows``). Each call has A = -1, so it
@@ -128,6 +138,7 @@ class DeviceTreeDrafter:
         self.drafter.length = 0
 
 
-def _tensor(value, dtype) -> Tensor:
+def as_tensor(value, dtype) -> Tensor:
+    """``value`` as a Tensor of ``dtype``; a Tensor (for example a graph output) is passed as it is."""
     return value if isinstance(value, Tensor) else Tensor(np.asarray(value, dtype))
 

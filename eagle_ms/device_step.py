@@ -1,4 +1,5 @@
-"""The device-resident speculative step: one draft graph call, one verify graph call, one small int read.
+"""The device-resident speculative step: one draft graph call, one verify graph call, one small int read
+(or, with ``speculative.step: fused``, one graph call doing both: eagle_ms/device_fused.py).
 
 Per drafted step (eagle_ms/models/draft_tree_step.py, eagle_ms/models/verify_step.py):
 
@@ -16,6 +17,11 @@ its graph). After teacher-only fallback steps there are several; they are handed
 ``observe`` in one call (the only time aux features [n, 3H] come to the host) and the next draft call
 starts from the root pair that extend left on the device (A = -1).
 
+Fused (``FusedTreeSteps`` as the drafter): a drafted step is one graph call, timed as the stage
+``draft_verify`` (the call, the result read and the commit), so such runs do not time the verify forward
+apart (docs/metrics.md). Reference mode reads the tree back after that call and checks it as below before
+the result is read.
+
 Protocol drafters (the test drafter) draft on the host: their trees are tensorised on the host and
 verified by the same device graph.
 
@@ -31,22 +37,29 @@ import time
 import numpy as np
 
 from eagle_ms.device_drafter import DeviceTreeDrafter, no_step_result
+from eagle_ms.device_fused import FusedTreeSteps
 from eagle_ms.device_verify import DeviceStep, DeviceVerifier, TreeInputs
 from eagle_ms.draft_tree_check import check_device_tree
 from eagle_ms.host_step import Clock, StepOutcome, check_commit, first_token
-from eagle_ms.tree import tensorize
+from eagle_ms.tree import TreeTensors, tensorize
 from eagle_ms.tree_checks import check_invariants
 
 
 class DeviceSteps:
-    """The device step (module doc). ``drafter``: a DeviceTreeDrafter (EAGLE-3 on the device), a Protocol
-    drafter (host trees), or None (teacher-only)."""
+    """The device step (module doc). ``drafter``: a DeviceTreeDrafter (EAGLE-3 on the device), a
+    FusedTreeSteps over ``verifier`` (the same, draft and verify in one call), a Protocol drafter (host
+    trees), or None (teacher-only)."""
 
     def __init__(self, verifier: DeviceVerifier, drafter, settings):
         if verifier.sampling != settings.sampling:
             raise ValueError(f"the device verifier samples with {verifier.sampling}, the generation asks for "
                              f"{settings.sampling}: build the verifier with the generation's sampling settings")
         self.verifier, self.runner, self.settings = verifier, verifier.runner, settings
+        self.fused = drafter if isinstance(drafter, FusedTreeSteps) else None
+        if self.fused is not None:
+            if self.fused.verifier is not verifier:
+                raise ValueError("the fused graphs were built over another verifier than this step's")
+            drafter = self.fused.device_tree
         self.device_tree = drafter if isinstance(drafter, DeviceTreeDrafter) else None
         self.host_drafter = None if self.device_tree is not None else drafter
         self._pending: list[tuple[int, int, DeviceStep]] = []  # (L before, root, step) not yet drafted from
@@ -73,15 +86,7 @@ class DeviceSteps:
         drafted = self.has_drafter and speculate and room
         host_tree = None
         if drafted and self.device_tree is not None:
-            tree = self._device_tree()
-            clock.lap("draft")
-            if settings.reference_checks:
-                host_tree = check_device_tree(self.device_tree.drafter, tree, settings.run_dir).tensors
-                check_invariants(host_tree, settings.run_dir)
-            clock.lap("tensorize")
-            inputs = TreeInputs(tree.tokens, tree.position_ids, tree.tree_mask, tree.paths,
-                                tree.path_lengths, tree.committed_len, host_tree)
-            step = self.verifier.verify(inputs)
+            step, host_tree = self._device_tree_step(clock)
         elif drafted:
             tree = self.host_drafter.propose(root)
             clock.lap("draft")
@@ -90,10 +95,11 @@ class DeviceSteps:
                 check_invariants(host_tree, settings.run_dir)
             clock.lap("tensorize")
             step = self.verifier.verify(host_tree)
+            clock.lap("verify")
         else:
             clock.lap("draft")
             step = self.verifier.decode(root)
-        clock.lap("verify")
+            clock.lap("verify")
         if settings.reference_checks:
             check_commit(runner, start, np.append(root, step.tokens[:-1]).astype(np.int32), step.tokens,
                          settings.sampling)
@@ -113,16 +119,41 @@ class DeviceSteps:
 
     # ------------------------------------------------------------------ internals
 
-    def _device_tree(self):
-        """The draft graph call: extend by the one pending step, or by none (A = -1: right after begin or
-        a host observe, the root pair is already on the device) and draft."""
+    def _device_tree_step(self, clock: Clock) -> tuple[DeviceStep, TreeTensors | None]:
+        """A drafted step of the device tree: two graph calls (stages ``draft``, ``verify``) or one fused
+        call (stage ``draft_verify``: the call, then the result read and the commit). Reference mode reads
+        the tree back between them and checks it (stage ``tensorize``); returns (step, host tree or None)."""
+        settings, fused = self.settings, self.fused
+        if fused is not None:
+            outputs, tree = fused.call(*self.draft_inputs())
+        else:
+            tree = self.device_tree.step(*self.draft_inputs())
+        clock.lap("draft" if fused is None else "draft_verify")
+        host_tree = None
+        if settings.reference_checks:
+            host_tree = check_device_tree(self.device_tree.drafter, tree, settings.run_dir).tensors
+            check_invariants(host_tree, settings.run_dir)
+        clock.lap("tensorize")
+        if fused is not None:
+            step = self.verifier.read_step(outputs, host_tree)
+            clock.lap("draft_verify")
+        else:
+            step = self.verifier.verify(TreeInputs(tree.tokens, tree.position_ids, tree.tree_mask, tree.paths,
+                                                   tree.path_lengths, tree.committed_len, host_tree))
+            clock.lap("verify")
+        return step, host_tree
+
+    def draft_inputs(self) -> tuple:
+        """(result, accepted_aux, L, A) of the next draft graph call, taken from the pending steps: extend by
+        the one pending step, or by none (A = -1: right after begin or a host observe, the root pair is
+        already on the device). Also used by eagle_ms/bench/fused_step_timing.py to reach a state to time."""
         if not self._pending:
             d = self.settings.max_depth
             aux = np.zeros((1, d + 1, self.verifier.aux_width), np.float32)
-            return self.device_tree.step(no_step_result(d), aux, self.runner.length, accepted=-1)
+            return no_step_result(d), aux, self.runner.length, -1
         (length, _, step), = self._pending
         self._pending.clear()
-        return self.device_tree.step(step.result, step.accepted_aux, length, step.accepted_len)
+        return step.result, step.accepted_aux, length, step.accepted_len
 
     def _observe_on_host(self, drafter, next_root: int) -> None:
         """All pending steps' committed tokens and aux rows in one ``observe`` call (host copies)."""

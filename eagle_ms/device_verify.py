@@ -116,7 +116,7 @@ class DeviceVerifier:
             raise ValueError(f"tree paths have shape {tuple(tree.paths.shape)}; need [1, P, {self.max_depth + 1}]")
         if tree.host is not None:
             check_token_ids(tree.host.tokens, self.runner.vocab_size, "draft tree")
-        return self._finish(self._call(tree), tree.host)
+        return self.read_step(self._call(tree), tree.host)
 
     def decode(self, root: int) -> DeviceStep:
         """A teacher-only step (``DecodeStep``): ``root`` goes into the cache at L, the bonus token is the
@@ -127,9 +127,9 @@ class DeviceVerifier:
         graph = self.decode_steps[self.runner.attention_width(length + 1)]  # ValueError when the cache is full
         host = tensorize(_root_only(root), length, 0, self.max_depth) if self.reference else None
         outputs = graph(Tensor(np.array([[root]], np.int32)), Tensor(np.array([length], np.int32)))
-        return self._finish(outputs, host)
+        return self.read_step(outputs, host)
 
-    def _finish(self, outputs, host: TreeTensors | None) -> DeviceStep:
+    def read_step(self, outputs, host: TreeTensors | None) -> DeviceStep:
         """Read the packed result (the one host read of a step); in reference mode check it against
         ``greedy_accept`` on the graph's per-node choices when the ``host`` tree is known; advance the
         runner's committed length by A + 1, moving K/V rows only for a path out of slot order."""

@@ -12,8 +12,9 @@ import dataclasses
 
 import numpy as np
 
-from eagle_ms.config import EagleMsConfig
+from eagle_ms.config import DEVICE_STEPS, EagleMsConfig
 from eagle_ms.device_drafter import DeviceTreeDrafter
+from eagle_ms.device_fused import FusedTreeSteps
 from eagle_ms.device_verify import DeviceVerifier
 from eagle_ms.generate import GenerationResult, generate
 from eagle_ms.runtime import (build_eagle3_drafter, build_runner, build_test_drafter, decode_mode, decode_settings,
@@ -36,9 +37,11 @@ class Session:
         self.speculative = cfg.speculative.draft != "none"
         self.settings = decode_settings(cfg, run_dir)
         self.eagle3 = build_eagle3_drafter(cfg, self.runner) if cfg.speculative.draft == "eagle3" else None
-        self.device = cfg.speculative.step == "device"
+        self.device = cfg.speculative.step in DEVICE_STEPS
         self.device_tree = DeviceTreeDrafter(self.eagle3) if self.device and self.eagle3 is not None else None
+        self.fused = cfg.speculative.step == "fused" and self.device_tree is not None
         self._verifiers: dict = {}  # SamplingParams -> DeviceVerifier (the sampling rule is compiled in)
+        self._fused_steps: dict = {}  # SamplingParams -> FusedTreeSteps over that verifier
 
     def verifier(self, sampling) -> DeviceVerifier | None:
         """The device verifier for ``sampling`` (built on first use), or None for ``speculative.step: host``."""
@@ -49,9 +52,16 @@ class Session:
                                                        self.mode == "reference", sampling)
         return self._verifiers[sampling]
 
+    def fused_steps(self, sampling) -> FusedTreeSteps:
+        """The fused draft+verify graphs over ``self.verifier(sampling)`` (``speculative.step: fused``)."""
+        if sampling not in self._fused_steps:
+            self._fused_steps[sampling] = FusedTreeSteps(self.device_tree, self.verifier(sampling))
+        return self._fused_steps[sampling]
+
     def warm_up(self) -> None:
-        """Compile every graph a generation will use (prefill chunk, N=1, N=budget+1, cache mover)."""
-        sizes = {1, self.settings.budget + 1} if self.speculative else {1}
+        """Compile every graph a generation will use (prefill chunk, N=1, N=budget+1 or the fused draft+verify
+        graphs, the draft graphs, cache mover)."""
+        sizes = {1, self.settings.budget + 1} if self.speculative and not self.fused else {1}
         verifier = self.verifier(self.settings.sampling)
         if verifier is None:
             self.runner.warm_up(sorted(sizes))
@@ -60,7 +70,9 @@ class Session:
             verifier.warm_up(sorted(sizes))
         if self.eagle3 is not None:
             self.eagle3.warm_up()
-        if self.device_tree is not None:
+        if self.fused:
+            self.fused_steps(self.settings.sampling).warm_up()
+        elif self.device_tree is not None:
             self.device_tree.warm_up()
 
     def make_drafter(self, prompt_ids, baseline_tokens=None) -> object | None:
@@ -88,6 +100,8 @@ class Session:
     def run(self, prompt_ids, drafter=None, **overrides) -> GenerationResult:
         """One generation; ``overrides`` replace fields of ``self.settings`` for this call only."""
         settings = dataclasses.replace(self.settings, **overrides) if overrides else self.settings
+        if self.fused and drafter is self.device_tree:
+            drafter = self.fused_steps(settings.sampling)  # the same draft, verified in the same graph call
         return generate(self.runner, np.asarray(prompt_ids, dtype=np.int32), settings, drafter,
                         self.verifier(settings.sampling))
 

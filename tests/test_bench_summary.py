@@ -147,6 +147,22 @@ def test_summary_of_synthetic_traces(tmp_path):
                           "efficiency": approx(1.25 / 7.0)}
 
 
+def test_fused_steps_have_no_verify_time_of_their_own(tmp_path):
+    """Stage ``draft_verify`` (draft and verify in one graph call): its mean is reported, but t_ver, the
+    overhead and the efficiency are None (nothing timed the verify forward apart); t_dec still stands."""
+    run = str(tmp_path)
+    fused = [dict(step(a), stage_s={"tensorize": 0.0, "draft_verify": 0.005, "commit": 0.001}) for a in (2, 1)]
+    trace.write_turn_trace(run, header("mt_bench-81-1", "mt_bench", 0, [1, 2, 3, 4], [1, 2, 3, 4], 100.0, 150.0),
+                           fused)
+    s = summarize(run)
+    assert s["stages"]["draft_verify"]["mean_ms"] == approx(5.0) and s["stages"]["draft_verify"]["n"] == 2
+    # t_dec: (0.05 - 0.01) / 3 tokens
+    assert s["costs"] == {"t_dec_ms": approx(40 / 3), "t_ver_ms": None, "overhead_ms": None,
+                          "overhead_over_t_dec": None, "bound": None, "efficiency": None}
+    write_report(run, plots=False)
+    assert "did not time the verify forward apart" in (tmp_path / "summary.md").read_text()
+
+
 def test_teacher_only_steps_are_counted(tmp_path):
     run = str(tmp_path)
     trace.write_turn_trace(run, header("mt_bench-81-1", "mt_bench", 0, [1, 2, 3, 4], [1, 2, 3, 4], 100.0, 120.0),

@@ -4,7 +4,8 @@ A tiny teacher and random EAGLE-3 drafts drive ``generate(..., verifier=DeviceVe
 draft on the device (DeviceTreeDrafter), in performance and reference mode (device tree == host path
 tree, invariants, device acceptance == greedy_accept, commit equivalence at every step), with the
 low-acceptance fallback (pending pairs observed on the host), near the cache's end (capacity stop), and
-with the test drafter's host trees through the device verify graph. At T > 0 the graphs sample in the
+with the test drafter's host trees through the device verify graph; and the same with draft and verify
+fused into one graph call per step (eagle_ms/device_fused.py). At T > 0 the graphs sample in the
 graph (eagle_ms/models/sampler.py) and the seeded device runs must equal seeded host-loop teacher-only
 sampling. The baseline is the host-driven loop without a drafter (a second implementation of the same
 decode, with the host sampler eagle_ms/sampling.py).
@@ -13,7 +14,8 @@ import numpy as np
 import pytest
 
 from eagle_ms.config import GREEDY, SamplingParams
-from eagle_ms.device_drafter import DeviceTreeDrafter
+from eagle_ms.device_drafter import DeviceTreeDrafter, no_step_result
+from eagle_ms.device_fused import FusedTreeSteps
 from eagle_ms.device_verify import DeviceVerifier
 from eagle_ms.draft_weights import default_draft_config, load_draft_state, random_draft_state
 from eagle_ms.drafting import TreeParams
@@ -42,6 +44,17 @@ class World:
         self.expand = Eagle3Expand(self.draft)
         self.verifiers = {ref: DeviceVerifier(self.runner, DEPTH, reference=ref) for ref in (False, True)}
         self.device_drafters = {}
+        self.fused_steps = {}
+
+    def drafter(self, budget, seed, reference=False, fused=False):
+        """``device_drafter(budget, seed)``, or the fused draft+verify graphs over it and the verifier of
+        ``reference`` (one FusedTreeSteps per (budget, reference), so each compiles once)."""
+        device = self.device_drafter(budget, seed)
+        if not fused:
+            return device
+        if (budget, reference) not in self.fused_steps:
+            self.fused_steps[budget, reference] = FusedTreeSteps(device, self.verifiers[reference])
+        return self.fused_steps[budget, reference]
 
     def baseline(self, i, n=NEW_TOKENS):
         return generate(self.runner, PROMPTS[i], DecodeSettings(max_depth=DEPTH, max_new_tokens=n)).tokens
@@ -61,33 +74,39 @@ def world():
     return World()
 
 
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("reference", [False, True])
 @pytest.mark.parametrize("budget", [1, 8])
-def test_device_step_equals_teacher_only(world, budget, reference):
+def test_device_step_equals_teacher_only(world, budget, reference, fused):
+    """Two graph calls per step, or one fused call (``FusedTreeSteps``): the same tokens as teacher-only."""
     for i in range(len(PROMPTS)):
         settings = DecodeSettings(budget=budget, max_depth=DEPTH, max_new_tokens=NEW_TOKENS,
                                   reference_checks=reference)
-        res = generate(world.runner, PROMPTS[i], settings, world.device_drafter(budget, 7 + i),
+        res = generate(world.runner, PROMPTS[i], settings, world.drafter(budget, 7 + i, reference, fused),
                        world.verifiers[reference])
         assert res.tokens == world.baseline(i), f"prompt {i}"
         assert all(s.tree_nodes <= budget for s in res.steps)
+        drafted = [s.stage_s for s in res.steps if s.tree_nodes > 0]
+        assert drafted and all(("draft_verify" in st) == fused and ("verify" in st) != fused for st in drafted)
 
 
-def test_device_step_with_fallback_observes_pending_pairs(world):
+@pytest.mark.parametrize("fused", [False, True])
+def test_device_step_with_fallback_observes_pending_pairs(world, fused):
     """A bar no draft reaches: fallback periods of 2 teacher-only steps, then a probe from pairs observed
     on the host (the draft cache must stay complete, or the probes would draft from a stale context)."""
     settings = DecodeSettings(budget=8, max_depth=DEPTH, max_new_tokens=NEW_TOKENS, reference_checks=True,
                               fallback_accept=DEPTH + 1, fallback_steps=2)
-    res = generate(world.runner, PROMPTS[1], settings, world.device_drafter(8, 3), world.verifiers[True])
+    res = generate(world.runner, PROMPTS[1], settings, world.drafter(8, 3, True, fused), world.verifiers[True])
     assert res.tokens == world.baseline(1)
     drafted = [s.tree_nodes > 0 for s in res.steps]
     assert any(drafted) and not all(drafted)
 
 
-def test_device_step_stops_at_capacity_like_teacher_only(world):
+@pytest.mark.parametrize("fused", [False, True])
+def test_device_step_stops_at_capacity_like_teacher_only(world, fused):
     long_prompt = prompt(13, CAPACITY - 12)
     settings = DecodeSettings(budget=8, max_depth=DEPTH, max_new_tokens=200)
-    res = generate(world.runner, long_prompt, settings, world.device_drafter(8, 5), world.verifiers[False])
+    res = generate(world.runner, long_prompt, settings, world.drafter(8, 5, False, fused), world.verifiers[False])
     base = generate(world.runner, long_prompt, DecodeSettings(max_depth=DEPTH, max_new_tokens=200))
     assert res.stop_reason == base.stop_reason == "capacity"
     assert res.tokens == base.tokens
@@ -132,6 +151,52 @@ def test_no_graph_compiles_after_warm_up(world):
     assert cache_sizes() == warm
 
 
+def test_fused_step_compiles_nothing_after_warm_up_and_hands_the_host_only_tokens(world):
+    """``FusedTreeSteps.warm_up`` compiles one fused graph per window a tree fits; generations then compile
+    nothing (neither a fused graph nor the draft or verify graph called alone). A
+    performance-mode call returns only the packed result and the aux rows, no tree, no vocabulary axis."""
+    fused, verifier = world.drafter(8, 25, False, True), world.verifiers[False]
+    fused.warm_up()
+    verifier.warm_up([1])
+    nodes = 9
+
+    def cache_sizes():  # the fused graphs, the decode graphs, and the two halves called alone
+        return ({w: len(c.compile_cache) for w, c in fused.graphs.items()},
+                {w: len(c.compile_cache) for w, c in verifier.decode_steps.items()},
+                {w: (len(c.draft_step.compile_cache), len(c.verify_step.compile_cache))
+                 for w, c in fused.graphs.items()})
+
+    warm = cache_sizes()
+    assert set(warm[0]) == {w for w in world.runner.attention_windows if w >= nodes + 1}
+    assert all(n == 1 for n in warm[0].values())
+    for i, seed in ((0, 26), (1, 27)):
+        settings = DecodeSettings(budget=8, max_depth=DEPTH, max_new_tokens=NEW_TOKENS)
+        res = generate(world.runner, PROMPTS[i], settings, world.drafter(8, seed, False, True), verifier)
+        assert res.tokens == world.baseline(i)
+    assert cache_sizes() == warm
+
+    world.runner.prefill(PROMPTS[0])
+    outputs, tree = fused.call(*_no_step(), world.runner.length, -1)
+    assert tree is None and len(outputs) == 2
+    assert [tuple(o.shape) for o in outputs] == [(1, 2 * DEPTH + 3), (1, DEPTH + 1, 3 * TINY.hidden_size)]
+    world.runner.reset()
+
+
+def test_fused_call_refuses_a_draft_length_the_teacher_does_not_hold(world):
+    fused = world.drafter(8, 28, False, True)
+    world.runner.prefill(PROMPTS[1])
+    length = world.runner.length
+    with pytest.raises(ValueError, match=f"draft would be at {length + 3} committed pairs .* holds {length}"):
+        fused.call(*_no_step(), length, 2)
+    with pytest.raises(ValueError, match="accepted=9"):
+        fused.call(*_no_step(), length, 9)
+    world.runner.reset()
+
+
+def _no_step():
+    return no_step_result(DEPTH), np.zeros((1, DEPTH + 1, 3 * TINY.hidden_size), np.float32)
+
+
 @pytest.mark.parametrize("params, reference", [(SamplingParams(0.5, 20, 1.0, 3), True),
                                                (SamplingParams(1.5, 0, 0.9, 4), False)])
 def test_seeded_device_sampling_equals_seeded_teacher_only(world, params, reference):
@@ -140,6 +205,7 @@ def test_seeded_device_sampling_equals_seeded_teacher_only(world, params, refere
     each reproduce host-loop teacher-only sampling of the same seed. Reference mode also checks every
     emitted token against the host sampler on a sequential re-decode."""
     verifier = DeviceVerifier(world.runner, DEPTH, reference=reference, sampling=params)
+    fused_steps = None
     for i in range(len(PROMPTS)):
         def settings(budget=0):
             return DecodeSettings(budget=budget, max_depth=DEPTH, max_new_tokens=NEW_TOKENS, sampling=params,
@@ -148,6 +214,10 @@ def test_seeded_device_sampling_equals_seeded_teacher_only(world, params, refere
         assert base != world.baseline(i)  # sampled, not greedy
         device = generate(world.runner, PROMPTS[i], settings(8), world.device_drafter(8, 30 + i), verifier)
         assert device.tokens == base, f"device drafter, prompt {i}"
+        fused_steps = fused_steps or FusedTreeSteps(world.device_drafter(8, 40), verifier)  # compiled once
+        world.device_drafter(8, 40 + i)  # new draft weights, read by the compiled graphs
+        fused = generate(world.runner, PROMPTS[i], settings(8), fused_steps, verifier)
+        assert fused.tokens == base, f"fused draft+verify, prompt {i}"
         oracle = OracleDrafter(base, TINY.vocab_size, 8, DEPTH, seed=i)
         host_trees = generate(world.runner, PROMPTS[i], settings(8), oracle, verifier)
         assert host_trees.tokens == base and max(host_trees.accepted_lengths) >= 1, f"host trees, prompt {i}"

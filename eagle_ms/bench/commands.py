@@ -58,12 +58,13 @@ def _prepare(args, parser, name: str):
     from eagle_ms.bench.datasets import parse_datasets
     from eagle_ms.bench.distributed import init_ranks
     from eagle_ms.bench.runner import BenchOptions
-    from eagle_ms.config import load_config
+    from eagle_ms.config import DEVICE_STEPS, load_config
     from eagle_ms.runtime import setup_context
 
     cfg = load_config(config_path(args), overrides(args))
-    if args.profile and cfg.speculative.step == "device":
-        parser.error("--profile times the host's tree-mask construction, and with speculative.step device the "
+    if args.profile and cfg.speculative.step in DEVICE_STEPS:
+        parser.error(f"--profile times the host's tree-mask construction, and with speculative.step "
+                     f"{cfg.speculative.step} the "
                      "masks are built inside the graphs: profile those with scripts/profile_device_step.py "
                      "(kernels per graph) and scripts/time_device_draft.py, or pass --step host")
     if args.resume and args.overwrite:

@@ -1,18 +1,19 @@
-"""One fused draft+verify graph against the device step's two graph calls (scripts/time_fused_step.py).
+"""The fused draft+verify graph against the device step's two graph calls (scripts/time_fused_step.py).
 
 Issue #15 asks whether fusing the draft graph (``DraftTreeStep``) and the verify graph (``VerifyStep``)
-into one call is faster. ``FusedStep`` is that graph: the previous step's packed result and accepted aux
-rows in, the next result and aux rows out, the draft tree's tensors never leaving the graph. The device
-step (eagle_ms/device_step.py) makes the same two calls with the tree tensors passed between them as
-device tensors, so the fused form can only save one graph launch and the host's hand-over.
+into one call is faster. ``FusedTreeStep`` (eagle_ms/models/fused_step.py, what ``speculative.step:
+fused`` runs) is that graph: the previous step's packed result and accepted aux rows in, the next result
+and aux rows out, the draft tree's tensors never leaving the graph. The two-call device step
+(eagle_ms/device_step.py) passes the same tree tensors between its calls as device tensors, so the fused
+form can only save one graph launch and the host's hand-over.
 
-``fused_vs_two_calls`` drives a real greedy device-step generation by hand (prefill, drafter begin, draft
-call, verify call, ...) for ``warm_steps`` steps, then times, from that state, the two arms on the same
-inputs in alternated rounds (medians):
+``fused_vs_two_calls`` runs ``warm_steps`` greedy device steps (``DeviceSteps``, two calls each), then
+times, from that state, the two arms on the same inputs in alternated rounds (medians); both use the
+window the product uses, ``attention_width(L' + N)``, for the draft and the verify half:
 
   two_calls  the window's DraftTreeStep, then the window's VerifyStep on its outputs, then the host read of
              the packed result (what a device step does, without its host bookkeeping)
-  fused      one FusedStep call, then the same host read
+  fused      one FusedTreeStep call, then the same host read
 
 Repeating a call is exact: it rewrites the same cache slots and root pair with the same values. Both
 arms must return the same packed result (checked on every call).
@@ -23,52 +24,26 @@ import time
 
 import numpy as np
 
-from mindspore import Tensor, nn
+from mindspore import Tensor
 
-from eagle_ms.device_drafter import DeviceTreeDrafter, no_step_result
-from eagle_ms.device_verify import DeviceVerifier, TreeInputs
+from eagle_ms.device_drafter import DeviceTreeDrafter
+from eagle_ms.device_step import DeviceSteps
+from eagle_ms.device_verify import DeviceVerifier
 from eagle_ms.generate import DecodeSettings
-from eagle_ms.host_step import first_token
-from eagle_ms.models.draft_tree_step import ACCEPTED_COLUMN, OUTPUT_NAMES
-
-# the DraftTreeStep outputs the verify graph takes, by position
-TOKENS, POSITION_IDS, TREE_MASK, PATHS, PATH_LENGTHS = (
-    OUTPUT_NAMES.index(name) for name in ("tokens", "position_ids", "tree_mask", "paths", "path_lengths"))
-
-
-class FusedStep(nn.Cell):
-    """DraftTreeStep then VerifyStep in one graph (module doc).
-
-    construct(result [B,2D+3] i32, accepted_aux [B,D+1,3Ht], committed_len [B] i32) -> the VerifyStep's
-    (result, accepted_aux) for the tree drafted at L' = committed_len + A + 1 (A = result[:, ACCEPTED_COLUMN])."""
-
-    def __init__(self, draft_step, verify_step):
-        super().__init__(auto_prefix=False)  # the teacher's and the draft's parameter names stay as they are
-        self.draft_step, self.verify_step = draft_step, verify_step
-
-    def construct(self, result, accepted_aux, committed_len):
-        tree = self.draft_step(result, accepted_aux, committed_len)
-        length = committed_len + result[:, ACCEPTED_COLUMN] + 1
-        return self.verify_step(tree[TOKENS], tree[POSITION_IDS], tree[TREE_MASK], tree[PATHS],
-                                tree[PATH_LENGTHS], length)
+from eagle_ms.models.fused_step import PATH_LENGTHS, PATHS, POSITION_IDS, TOKENS, TREE_MASK, FusedTreeStep
 
 
 def state_after_steps(verifier: DeviceVerifier, device_tree: DeviceTreeDrafter, prompt_ids, warm_steps: int):
-    """Greedy device steps by hand; returns (result, accepted_aux, L_prev, L') of the last verify: the
-    next draft call's inputs and the teacher's committed length."""
-    runner, d = verifier.runner, verifier.max_depth
-    runner.reset()
-    root, aux = first_token(runner, np.asarray(prompt_ids, np.int32), DecodeSettings(max_depth=d))
-    device_tree.drafter.begin(np.asarray(prompt_ids, np.int32), aux, root)
-    result, accepted_aux, accepted = no_step_result(d), np.zeros((1, d + 1, verifier.aux_width), np.float32), -1
-    prev = runner.length
+    """``warm_steps`` greedy device steps (eagle_ms/device_step.py, two graph calls each); returns
+    (result, accepted_aux, L_prev, L'): the next draft call's inputs and the teacher's committed length."""
+    verifier.runner.reset()
+    d = verifier.max_depth
+    steps = DeviceSteps(verifier, device_tree, DecodeSettings(budget=device_tree.params.budget, max_depth=d))
+    root, _ = steps.start(np.asarray(prompt_ids, np.int32))
     for _ in range(warm_steps):
-        tree = device_tree.step(result, accepted_aux, prev, accepted)
-        prev = runner.length
-        step = verifier.verify(TreeInputs(tree.tokens, tree.position_ids, tree.tree_mask, tree.paths,
-                                          tree.path_lengths, tree.committed_len))
-        result, accepted_aux, accepted = step.result, step.accepted_aux, step.accepted_len
-    return result, accepted_aux, prev, runner.length
+        root = int(steps.step(root, speculate=True).tokens[-1])
+    result, accepted_aux, prev, _ = steps.draft_inputs()
+    return result, accepted_aux, prev, verifier.runner.length
 
 
 def fused_vs_two_calls(verifier: DeviceVerifier, device_tree: DeviceTreeDrafter, prompt_ids, warm_steps: int,
@@ -85,10 +60,9 @@ def fused_vs_two_calls(verifier: DeviceVerifier, device_tree: DeviceTreeDrafter,
     if length + nodes > verifier.runner.capacity:
         raise ValueError(f"context {length} + {nodes} tree nodes do not fit the teacher cache "
                          f"({verifier.runner.capacity}): use a shorter prompt or fewer warm steps")
-    draft = device_tree.graph(device_tree.window(length))
     verify_width = verifier.runner.attention_width(length + nodes)
-    verify = verifier.steps[verify_width]
-    fused = FusedStep(draft, verify)
+    draft, verify = device_tree.graph(verify_width), verifier.steps[verify_width]  # one window, as the product
+    fused = FusedTreeStep(draft, verify)
     prev_t = Tensor(np.array([prev], np.int32))
 
     def two_calls():

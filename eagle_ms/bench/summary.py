@@ -15,7 +15,7 @@ from eagle_ms import trace
 from eagle_ms import metrics
 from eagle_ms.files import atomic_write
 
-STEP_STAGES = ("draft", "tensorize", "mask", "verify", "accept", "commit", "observe")
+STEP_STAGES = ("draft", "tensorize", "mask", "verify", "draft_verify", "accept", "commit", "observe")
 
 
 def _mean(values):
@@ -59,12 +59,14 @@ def _stage_samples(ok: list[tuple[dict, list[dict]]]) -> dict:
 
 
 def _costs(ok, tau_drafted, speedup_mean) -> dict:
-    """metrics.step_costs from the traces: baseline decode seconds per token, drafted steps' stages."""
+    """metrics.step_costs from the traces: baseline decode seconds per token, drafted steps' stages. Fused
+    steps (stage ``draft_verify``: draft and verify in one graph call) have no verify time of their own, so
+    t_ver, the overhead and the efficiency come only from steps that timed ``verify`` apart (None if none)."""
     decode = [(h["baseline"]["total_s"] - h["baseline"]["prefill_s"]) / (h["baseline"]["n_tokens"] - 1)
               for h, _ in ok if h["baseline"]["n_tokens"] > 1]
-    drafted = [s["stage_s"] for _, st in ok for s in st if s["tree_nodes"] > 0]
-    return metrics.step_costs(decode, [d.get("verify", 0.0) for d in drafted],
-                              [sum(d.values()) - d.get("verify", 0.0) for d in drafted], tau_drafted, speedup_mean)
+    split = [s["stage_s"] for _, st in ok for s in st if s["tree_nodes"] > 0 and "verify" in s["stage_s"]]
+    return metrics.step_costs(decode, [d["verify"] for d in split],
+                              [sum(d.values()) - d["verify"] for d in split], tau_drafted, speedup_mean)
 
 
 def _table1(ok, flat_accept) -> dict:
@@ -236,6 +238,10 @@ def render_markdown(s: dict) -> str:
               f"ms per drafted verify, overhead {fmt(c['overhead_ms'], 2)} ms per drafted step "
               f"({fmt(c['overhead_over_t_dec'], 2)} t_dec); free-drafting bound tau_drafted * t_dec / t_ver = "
               f"{fmt(c['bound'], 2, 'x')}; efficiency (mean speedup / bound) {fmt(c['efficiency'], 3)}."]
+    if c["t_ver_ms"] is None and "draft_verify" in s["stages"]:
+        lines += ["", "The drafted steps ran draft and verify in one graph call (`draft_verify`), so this run did not "
+                  "time the verify forward apart: t_ver, the overhead, the bound and the efficiency need t_ver from "
+                  "a `--step device` run of the same pair (docs/metrics.md)."]
     if s["failures"]:
         lines += ["", "## Failures", ""] + md_table(
             ["turn", "status", "phase", "error", "dump"],

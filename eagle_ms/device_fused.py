@@ -1,0 +1,79 @@
+"""Host driver of the fused device step (eagle_ms/models/fused_step.py): draft + verify in one graph call.
+
+``FusedTreeSteps`` owns one ``FusedTreeStep`` per attention window of the teacher runner, built from the
+``DeviceTreeDrafter``'s draft graph and the ``DeviceVerifier``'s verify graph of that window. A step at
+committed length L' uses the window ``TeacherRunner.attention_width(L' + N)`` for both halves, so there is
+one fused graph per window (not one per (draft window, verify window) pair): the draft half reads more
+masked slots on the few steps where L' alone would fit a smaller window, with the same tree.
+
+    fused = FusedTreeSteps(device_tree, verifier)
+    fused.warm_up()                                   # one graph per window; caches left empty
+    outputs, tree = fused.call(prev_result, prev_aux, L_prev, A_prev)   # one graph call
+    step = verifier.read_step(outputs, host_tree)     # the one small read + the host commit
+
+``tree`` is None in performance mode; in reference mode it is the drafted tree as device tensors, read
+back after the call (eagle_ms/device_step.py checks it against the host path).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from mindspore import Tensor
+
+from eagle_ms.device_drafter import DeviceTree, DeviceTreeDrafter, as_tensor, no_step_result
+from eagle_ms.device_verify import DeviceVerifier
+from eagle_ms.models.fused_step import FusedTreeStep
+
+
+class FusedTreeSteps:
+    """One fused draft+verify graph per attention window (module doc), over a DeviceTreeDrafter and a
+    DeviceVerifier that share the teacher runner's committed length."""
+
+    def __init__(self, device_tree: DeviceTreeDrafter, verifier: DeviceVerifier):
+        if device_tree.params.max_depth != verifier.max_depth:
+            raise ValueError(f"draft max_depth {device_tree.params.max_depth} != verifier max_depth "
+                             f"{verifier.max_depth}")
+        self.device_tree, self.verifier, self.runner = device_tree, verifier, verifier.runner
+        self.nodes = device_tree.params.budget + 1  # N
+        self.graphs: dict[int, FusedTreeStep] = {}
+
+    def graph(self, window: int) -> FusedTreeStep:
+        """The window's fused graph (built on first use; compiled on its first call)."""
+        if window not in self.graphs:
+            self.graphs[window] = FusedTreeStep(self.device_tree.graph(window), self.verifier.steps[window],
+                                                with_tree=self.verifier.reference)
+        return self.graphs[window]
+
+    def call(self, result, accepted_aux, committed_len: int, accepted: int) -> tuple[tuple, DeviceTree | None]:
+        """Extend the draft by the previous step (L = ``committed_len``, A = ``accepted``; A = -1: no step
+        since ``begin``/``observe``), draft the tree at L' = L + A + 1 and verify it: one graph call.
+
+        Returns (the verify outputs for ``DeviceVerifier.read_step``, the tree or None). Nothing is read
+        back here. Raises ValueError, before any call, when L' is not the teacher's committed length or
+        the tree does not fit the cache."""
+        length = self.device_tree.next_length(committed_len, accepted)
+        if length != self.runner.length:
+            raise ValueError(f"the draft would be at {length} committed pairs (L {committed_len} + A {accepted} "
+                             f"+ 1) but the teacher cache holds {self.runner.length}")
+        window = self.runner.attention_width(length + self.nodes)  # ValueError when the tree does not fit
+        outputs = self.graph(window)(as_tensor(result, np.int32), as_tensor(accepted_aux, np.float32),
+                                     Tensor(np.array([committed_len], np.int32)))
+        self.device_tree.drafter.follow_device(length)
+        verified = 3 if self.verifier.reference else 2
+        tree = self.device_tree.tree(outputs[verified:], length) if self.verifier.reference else None
+        return outputs[:verified], tree
+
+    def warm_up(self) -> None:
+        """Compile every window's graph that a tree fits (W >= N + 1). Each call has A = -1 and L' = W - N:
+        the draft half writes scratch slots only and keeps the root pair it read, the verify half writes
+        teacher slots past the committed region. Leaves both caches empty (the drafter's ``begin`` comes
+        next)."""
+        d = self.verifier.max_depth
+        aux = Tensor(np.zeros((1, d + 1, self.verifier.aux_width), np.float32))
+        for window in self.runner.attention_windows:
+            if window >= self.nodes + 1:
+                self.graph(window)(Tensor(no_step_result(d)), aux,
+                                   Tensor(np.array([window - self.nodes], np.int32)))
+        self.runner.reset()
+        self.device_tree.drafter.length = 0
+
