@@ -5,7 +5,7 @@
 
 For each context c, a chat prompt of about c tokens (question texts of the data files, as in
 scripts/time_device_draft.py) is decoded greedily by the device step for ``--warm-steps`` steps; from that
-state eagle_ms/bench/fused_step_timing.py times the two calls of a device step against one FusedStep call
+state eagle_ms/bench/fused_step_timing.py times the two calls of a device step against one FusedTreeStep call
 on the same inputs (alternated rounds, ``--repeats`` calls per arm and round) and checks that both return
 the same packed result. Prints one JSON object; run it on an otherwise idle machine.
 """

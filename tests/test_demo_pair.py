@@ -28,12 +28,12 @@ NEW_TOKENS = 40
 @pytest.fixture(scope="module")
 def session():
     # every step drafts (fallback off): tau here measures the draft itself; the fallback's losslessness is
-    # tested in test_eagle3_lossless.py / test_cli.py. The shipped step (device) runs here; the host step
-    # runs on the same pair in the demo entry-point test below.
+    # tested in test_eagle3_lossless.py / test_cli.py. The shipped step (fused) runs here, the two-call device
+    # step with the random draft below, and the host step in the demo entry-point test.
     cfg = load_config(DEMO_YAML, {"speculative.draft": "eagle3", "generation.max_new_tokens": NEW_TOKENS,
                                   "runtime.seq_length": 1024, "runtime.attention_windows": None,
                                   "speculative.fallback_accept": 0.0})
-    assert cfg.speculative.step == "device"
+    assert cfg.speculative.step == "fused"
     s = Session(cfg)
     s.warm_up()
     return s
@@ -157,7 +157,7 @@ def test_demo_entry_point_on_the_bundled_sample(capsys):
     """`bash scripts/demo.sh` minus set-up: the bundled sample, short answers, exit 0 (all identical). One
     attention window of 1 024 slots (the session fixture's cache) instead of the shipped four: a quarter of
     the graphs to compile; the shipped windows' output is the same (tests/test_attention_window.py). It runs
-    the host step, the reference (the fixture runs the shipped device step), so both steps meet this pair."""
+    the host step, the reference (the fixture runs the shipped fused step), so every step meets this pair."""
     from eagle_ms.demo import SAMPLE_DATA, main
 
     small_cache = ["--set", "runtime.seq_length=1024", "--set", "runtime.attention_windows=null"]
