@@ -59,6 +59,9 @@ class DeviceSteps:
         if self.fused is not None:
             if self.fused.verifier is not verifier:
                 raise ValueError("the fused graphs were built over another verifier than this step's")
+            if settings.reference_checks and not verifier.reference:
+                raise ValueError("reference checks need the fused graphs' tree outputs: build the "
+                                 "DeviceVerifier with reference=True")
             drafter = self.fused.device_tree
         self.device_tree = drafter if isinstance(drafter, DeviceTreeDrafter) else None
         self.host_drafter = None if self.device_tree is not None else drafter

@@ -182,7 +182,7 @@ def test_fused_step_compiles_nothing_after_warm_up_and_hands_the_host_only_token
     world.runner.reset()
 
 
-def test_fused_call_refuses_a_draft_length_the_teacher_does_not_hold(world):
+def test_fused_refuses_a_wrong_draft_length_and_reference_checks_without_tree_outputs(world):
     fused = world.drafter(8, 28, False, True)
     world.runner.prefill(PROMPTS[1])
     length = world.runner.length
@@ -191,6 +191,9 @@ def test_fused_call_refuses_a_draft_length_the_teacher_does_not_hold(world):
     with pytest.raises(ValueError, match="accepted=9"):
         fused.call(*_no_step(), length, 9)
     world.runner.reset()
+    checked = DecodeSettings(budget=8, max_depth=DEPTH, max_new_tokens=4, reference_checks=True)
+    with pytest.raises(ValueError, match="reference=True"):  # performance graphs do not output the tree
+        generate(world.runner, PROMPTS[1], checked, fused, world.verifiers[False])
 
 
 def _no_step():
