@@ -26,7 +26,7 @@ from eagle_ms.eagle3_drafter import Eagle3Drafter
 from eagle_ms.models.draft_tree_step import ACCEPTED_COLUMN, OUTPUT_NAMES, DraftTreeStep, result_width
 from eagle_ms.tree import TreeTensors
 
-__all__ = ["DeviceTree", "DeviceTreeDrafter", "HostTree", "as_tensor", "no_step_result"]
+__all__ = ["DeviceTree", "DeviceTreeDrafter", "HostTree", "as_tensor", "no_step_inputs", "no_step_result"]
 
 
 def no_step_result(max_depth: int) -> np.ndarray:
@@ -34,6 +34,12 @@ def no_step_result(max_depth: int) -> np.ndarray:
     result = np.zeros((1, result_width(max_depth)), np.int32)
     result[0, ACCEPTED_COLUMN] = -1
     return result
+
+
+def no_step_inputs(max_depth: int, aux_width: int) -> tuple[np.ndarray, np.ndarray]:
+    """(``no_step_result``, zero accepted aux rows [1, D+1, aux_width] f32): the draft inputs when no step
+    is pending (A = -1; the aux rows are not read)."""
+    return no_step_result(max_depth), np.zeros((1, max_depth + 1, aux_width), np.float32)
 
 
 @dataclass(frozen=True)
@@ -132,9 +138,9 @@ class DeviceTreeDrafter:
         """Compile the graph of every attention window (or of ``windows``). Each call has A = -1, so it
         writes only scratch slots and stores the root pair it read; the drafter is left empty (``begin``
         comes next)."""
-        aux = np.zeros((1, self.params.max_depth + 1, self.aux_width), np.float32)
+        result, aux = (Tensor(x) for x in no_step_inputs(self.params.max_depth, self.aux_width))
         for w in self.drafter.attention_windows if windows is None else windows:
-            self.graph(w)(Tensor(no_step_result(self.params.max_depth)), Tensor(aux), Tensor(np.array([w], np.int32)))
+            self.graph(w)(result, aux, Tensor(np.array([w], np.int32)))
         self.drafter.length = 0
 
 

@@ -20,8 +20,9 @@ import numpy as np
 
 from mindspore import Tensor
 
-from eagle_ms.device_drafter import DeviceTree, DeviceTreeDrafter, as_tensor, no_step_result
+from eagle_ms.device_drafter import DeviceTree, DeviceTreeDrafter, as_tensor, no_step_inputs
 from eagle_ms.device_verify import DeviceVerifier
+from eagle_ms.models.draft_tree_step import OUTPUT_NAMES
 from eagle_ms.models.fused_step import FusedTreeStep
 
 
@@ -59,21 +60,20 @@ class FusedTreeSteps:
         outputs = self.graph(window)(as_tensor(result, np.int32), as_tensor(accepted_aux, np.float32),
                                      Tensor(np.array([committed_len], np.int32)))
         self.device_tree.drafter.follow_device(length)
-        verified = 3 if self.verifier.reference else 2
-        tree = self.device_tree.tree(outputs[verified:], length) if self.verifier.reference else None
-        return outputs[:verified], tree
+        if not self.verifier.reference:
+            return outputs, None
+        split = len(outputs) - len(OUTPUT_NAMES)  # the verify outputs, then the tree's
+        return outputs[:split], self.device_tree.tree(outputs[split:], length)
 
     def warm_up(self) -> None:
         """Compile every window's graph that a tree fits (W >= N + 1). Each call has A = -1 and L' = W - N:
         the draft half writes scratch slots only and keeps the root pair it read, the verify half writes
         teacher slots past the committed region. Leaves both caches empty (the drafter's ``begin`` comes
         next)."""
-        d = self.verifier.max_depth
-        aux = Tensor(np.zeros((1, d + 1, self.verifier.aux_width), np.float32))
+        result, aux = (Tensor(x) for x in no_step_inputs(self.verifier.max_depth, self.verifier.aux_width))
         for window in self.runner.attention_windows:
             if window >= self.nodes + 1:
-                self.graph(window)(Tensor(no_step_result(d)), aux,
-                                   Tensor(np.array([window - self.nodes], np.int32)))
+                self.graph(window)(result, aux, Tensor(np.array([window - self.nodes], np.int32)))
         self.runner.reset()
         self.device_tree.drafter.length = 0
 

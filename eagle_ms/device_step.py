@@ -36,7 +36,7 @@ import time
 
 import numpy as np
 
-from eagle_ms.device_drafter import DeviceTreeDrafter, no_step_result
+from eagle_ms.device_drafter import DeviceTreeDrafter, no_step_inputs
 from eagle_ms.device_fused import FusedTreeSteps
 from eagle_ms.device_verify import DeviceStep, DeviceVerifier, TreeInputs
 from eagle_ms.draft_tree_check import check_device_tree
@@ -151,9 +151,7 @@ class DeviceSteps:
         the one pending step, or by none (A = -1: right after begin or a host observe, the root pair is
         already on the device). Also used by eagle_ms/bench/fused_step_timing.py to reach a state to time."""
         if not self._pending:
-            d = self.settings.max_depth
-            aux = np.zeros((1, d + 1, self.verifier.aux_width), np.float32)
-            return no_step_result(d), aux, self.runner.length, -1
+            return *no_step_inputs(self.settings.max_depth, self.verifier.aux_width), self.runner.length, -1
         (length, _, step), = self._pending
         self._pending.clear()
         return step.result, step.accepted_aux, length, step.accepted_len

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from eagle_ms.config import GREEDY, SamplingParams
-from eagle_ms.device_drafter import DeviceTreeDrafter, no_step_result
+from eagle_ms.device_drafter import DeviceTreeDrafter, no_step_inputs
 from eagle_ms.device_fused import FusedTreeSteps
 from eagle_ms.device_verify import DeviceVerifier
 from eagle_ms.draft_weights import default_draft_config, load_draft_state, random_draft_state
@@ -197,7 +197,7 @@ def test_fused_refuses_a_wrong_draft_length_and_reference_checks_without_tree_ou
 
 
 def _no_step():
-    return no_step_result(DEPTH), np.zeros((1, DEPTH + 1, 3 * TINY.hidden_size), np.float32)
+    return no_step_inputs(DEPTH, 3 * TINY.hidden_size)
 
 
 @pytest.mark.parametrize("params, reference", [(SamplingParams(0.5, 20, 1.0, 3), True),

@@ -36,7 +36,6 @@ class FusedTreeStep(nn.Cell):
             raise ValueError(f"draft window {draft_step.window} != verify window {verify_step.window}: "
                              "build both halves for the same attention window")
         self.draft_step, self.verify_step, self.with_tree = draft_step, verify_step, with_tree
-        self.window = verify_step.window
 
     def construct(self, result, accepted_aux, committed_len):
         tree = self.draft_step(result, accepted_aux, committed_len)
