@@ -27,6 +27,7 @@ from eagle_ms.config_yaml import MINDFORMERS_SECTIONS, apply_overrides, read_yam
 COMPUTE_DTYPES = ("float32", "float16", "bfloat16")
 DEVICES = ("CPU", "Ascend", "GPU")
 EXEC_MODES = ("graph", "pynative")
+KERNELS = ("auto", "composite", "cpu")  # runtime.kernels (eagle_ms/models/cpu_kernels.py)
 DECODE_MODES = ("reference", "performance")
 DRAFTS = ("none", "test", "eagle3")
 STEPS = ("device", "fused", "host")  # speculative.step: where a decode step runs (eagle_ms/generate.py)
@@ -176,12 +177,10 @@ class ModelConfig:
             if getattr(self, name) >= self.vocab_size:
                 fail(f"{p}.{name}", getattr(self, name), f"must be < vocab_size {self.vocab_size}")
         if self.num_attention_heads % self.num_key_value_heads:
-            fail(f"{p}.num_key_value_heads", self.num_key_value_heads,
-                  f"must divide num_attention_heads {self.num_attention_heads}")
+            fail(f"{p}.num_key_value_heads", self.num_key_value_heads, f"must divide num_attention_heads {self.num_attention_heads}")
         if self.head_dim is None:
             if self.hidden_size % self.num_attention_heads:
-                fail(f"{p}.hidden_size", self.hidden_size,
-                      f"must be divisible by num_attention_heads {self.num_attention_heads}")
+                fail(f"{p}.hidden_size", self.hidden_size, f"must be divisible by num_attention_heads {self.num_attention_heads}")
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
         check_int(f"{p}.head_dim", self.head_dim, 2)
         if self.head_dim % 2:
@@ -245,9 +244,11 @@ class RuntimeConfig:
     seed: int = 0
     attention_windows: tuple[int, ...] | None = None  # attend only to slots [0, W), W = smallest window >= L+N
     dispatch_threads: int | None = None  # MindSpore runtime threads (runtime.dispatch_threads_num); None = its default
+    kernels: str = "auto"  # fused CPU kernels in performance mode (eagle_ms/models/cpu_kernels.py)
 
     def __post_init__(self):
         check_choice("runtime.device_target", self.device_target, DEVICES)
+        check_choice("runtime.kernels", self.kernels, KERNELS)
         check_choice("runtime.exec_mode", self.exec_mode, EXEC_MODES)
         check_int("runtime.seq_length", self.seq_length, 2)
         check_int("runtime.batch_size", self.batch_size, 1)
@@ -392,9 +393,7 @@ def config_from_dict(data: Mapping[str, Any], source: str | None = None) -> Eagl
 
 
 def load_config(path: str, overrides: Mapping[str, Any] | None = None) -> EagleMsConfig:
-    """Read a MindFormers-style YAML (``base_config`` inheritance supported) and validate it.
-
-    ``overrides`` maps dotted keys to values, e.g. ``{"speculative.budget": 32}``, as MindFormers'
-    ``merge_from_dict`` does; relative paths among them are resolved against ``path``.
-    """
+    """Read a MindFormers-style YAML (``base_config`` inheritance supported) and validate it. ``overrides``
+    maps dotted keys to values, e.g. ``{"speculative.budget": 32}``, as MindFormers' ``merge_from_dict``
+    does; relative paths among them are resolved against ``path``."""
     return config_from_dict(apply_overrides(read_yaml(path), dict(overrides or {})), source=path)

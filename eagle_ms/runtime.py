@@ -17,6 +17,7 @@ from eagle_ms.config import FALLBACK_AUTO, EagleMsConfig, ModelConfig
 from eagle_ms.fallback import StepCosts
 from eagle_ms.generate import DecodeSettings
 from eagle_ms.models.attention import choose_backend
+from eagle_ms.models.cpu_kernels import choose_kernels
 
 ENV_MODE = "EAGLE_MS_MODE"  # reference | performance: overrides speculative.mode
 
@@ -62,17 +63,22 @@ def decode_mode(cfg: EagleMsConfig) -> str:
     return mode
 
 
+def kernels_for(cfg: EagleMsConfig) -> str:
+    """The layers' kernels for this run's inference graphs: ``choose_kernels`` of ``runtime.kernels``."""
+    return choose_kernels(cfg.runtime.kernels, cfg.runtime.device_target, cfg.model.compute_dtype)
+
+
 def build_teacher(cfg: ModelConfig, checkpoint: str | None, batch: int, capacity: int, backend: str,
-                  seed: int = 0):
+                  seed: int = 0, kernels: str = "composite"):
     """The Pangu teacher Cell with weights: from ``checkpoint`` (its config.json must agree with ``cfg``),
-    else ``weights.random_teacher_state(cfg, seed)``."""
+    else ``weights.random_teacher_state(cfg, seed)``. ``kernels``: see ``kernels_for``."""
     from eagle_ms.models.pangu import PanguForCausalLM
     from eagle_ms.weights import check_checkpoint_config, load_state, load_teacher_checkpoint, random_teacher_state
 
     if checkpoint is not None:
         check_shipped(checkpoint)
         check_checkpoint_config(cfg, checkpoint)
-    model = PanguForCausalLM(cfg, batch, capacity, backend)
+    model = PanguForCausalLM(cfg, batch, capacity, backend, kernels)
     if checkpoint is not None:
         load_teacher_checkpoint(model, checkpoint)
     else:
@@ -86,7 +92,7 @@ def build_runner(cfg: EagleMsConfig):
 
     backend = choose_backend(decode_mode(cfg), cfg.runtime.device_target, tree=cfg.speculative.draft != "none")
     model = build_teacher(cfg.model, cfg.checkpoint, cfg.runtime.batch_size, cfg.runtime.seq_length,
-                          backend, seed=cfg.runtime.seed)
+                          backend, seed=cfg.runtime.seed, kernels=kernels_for(cfg))
     return TeacherRunner(model, cfg.runtime.prefill_chunk, cfg.speculative.max_depth + 1,
                          cfg.runtime.attention_windows)
 
@@ -125,11 +131,12 @@ def load_tokenizer(cfg: EagleMsConfig):
 
 def eagle3_drafter_from_state(runner, draft_cfg, state: dict, budget: int, max_depth: int, top_k: int,
                               context_window: int | None = None, backend: str = "eager",
-                              min_path_prob: float = 0.0):
+                              min_path_prob: float = 0.0, kernels: str | None = None):
     """An Eagle3Drafter for a TeacherRunner from a draft config + state (e.g. ``load_draft_checkpoint``).
 
     Shares the teacher's embedding Parameter (the draft's hidden size must equal the teacher's), sizes
-    the draft cache as scratch + teacher capacity and uses the runner's attention windows.
+    the draft cache as scratch + teacher capacity and uses the runner's attention windows. ``kernels``:
+    the teacher's when None.
     """
     from eagle_ms.draft_weights import check_draft_matches_teacher, load_draft_state
     from eagle_ms.drafting import TreeParams
@@ -142,7 +149,8 @@ def eagle3_drafter_from_state(runner, draft_cfg, state: dict, budget: int, max_d
     params.check_fits(draft_cfg.draft_vocab_size, runner.capacity)
     capacity = runner.capacity + scratch_size(params, runner.prefill_chunk)
     draft = Eagle3Draft(draft_cfg, 1, capacity, top_k, backend, teacher.compute_dtype,
-                        embed=runner.model.model.embed_tokens.weight)
+                        embed=runner.model.model.embed_tokens.weight,
+                        kernels=runner.model.kernels if kernels is None else kernels)
     draft.set_train(False)
     load_draft_state(draft, state)
     return Eagle3Drafter(draft, params, runner.capacity, runner.prefill_chunk, context_window,

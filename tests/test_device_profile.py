@@ -3,8 +3,8 @@ demo pair with a small tree (budget 8, depth 4, window 256) so that it compiles 
 
 Structural facts of the compiled graphs, each the guard of a change in docs/teacher_profile.md §"Device
 step graphs": no whole-cache snapshot (TensorMove) in the draft tree graph, whose depths write the same
-cache Parameter; no K/V transposes (only the query's and the output's per layer at N > 1); a profile
-that launches every kernel once per call.
+cache Parameter; no K/V or query transposes (only the output's per layer at N > 1, with the fused CPU
+kernels); five fused kernels per teacher layer; a profile that launches every kernel once per call.
 """
 import os
 
@@ -13,7 +13,7 @@ import pytest
 from conftest import REPO
 from eagle_ms.bench.device_profile import GRAPHS, profile_device_step
 from eagle_ms.config import load_config
-from eagle_ms.runtime import setup_context
+from eagle_ms.runtime import kernels_for, setup_context
 from eagle_ms.session import Session
 
 DEMO_YAML = os.path.join(REPO, "configs", "demo.yaml")
@@ -42,7 +42,19 @@ def test_draft_graphs_never_snapshot_the_cache(profile):
         assert "TensorMove" not in res[name]["op_types"], name
 
 
-def test_verify_graph_transposes_only_the_query_and_the_output(profile):
+def test_verify_graph_transposes_only_the_output(profile):
+    """With the fused CPU kernels (the default here) RopeSplit writes q head-major, so the one transpose
+    per layer left is the attention output's."""
     cfg, res = profile
     layers = cfg.model.num_hidden_layers
-    assert res["verify"]["op_types"]["Transpose"]["kernels"] == 2 * layers
+    assert kernels_for(cfg) == "cpu"
+    assert res["verify"]["op_types"]["Transpose"]["kernels"] == layers
+
+
+def test_each_teacher_layer_runs_five_fused_kernels(profile):
+    """RmsNorm, RopeSplit, MaskedSoftmax, AddRmsNorm and SiluMul per layer, plus the final norm
+    (eagle_ms/models/cpu_kernels.py); none of the composite chains they replace is left."""
+    cfg, res = profile
+    ops = res["verify"]["op_types"]
+    assert ops["Custom"]["kernels"] == 5 * cfg.model.num_hidden_layers + 1
+    assert not {"Softmax", "Rsqrt", "SiLU", "ReduceMean"} & set(ops)

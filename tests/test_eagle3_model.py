@@ -3,7 +3,8 @@
 Covers: extend (teacher features through fc) and expand (own hidden, tree-masked, scratch slots) graphs
 vs the reference, for a GQA draft with the full vocabulary and an MHA draft with explicit head_dim,
 target_hidden_size != hidden_size and a reduced vocabulary (d2t); in-graph top-k == reference top-k;
-one compile per shape; the shared teacher embedding; config validation.
+one compile per shape; the shared teacher embedding; config validation. Extend and expand also run with
+the fused CPU kernels (eagle_ms/models/cpu_kernels.py) against the same reference.
 
 The reference (``np_draft``) is also the second implementation used by test_drafting.py.
 """
@@ -93,11 +94,13 @@ def full_target_logprob(values, ids, vocab):
 
 class Built:
     def __init__(self, name, top_k=None):
-        cfg = CONFIGS[name]
+        """``name``: a CONFIGS key, with ``:cpu`` for the draft built with the fused CPU kernels."""
+        config_name, _, kernels = name.partition(":")
+        cfg = CONFIGS[config_name]
         self.cfg = cfg
         self.state = check_draft_state(random_draft_state(cfg, seed=3, std=0.3), cfg)
         self.embed = np.random.default_rng(4).standard_normal((cfg.vocab_size, cfg.hidden_size)).astype(np.float32)
-        self.draft = Eagle3Draft(cfg, 1, CAPACITY, top_k or cfg.draft_vocab_size)
+        self.draft = Eagle3Draft(cfg, 1, CAPACITY, top_k or cfg.draft_vocab_size, kernels=kernels or "composite")
         load_draft_state(self.draft, self.state, embed=self.embed)
         self.expand = Eagle3Expand(self.draft)
         self.targets = draft_to_target(self.state["d2t"])
@@ -106,7 +109,7 @@ class Built:
         return np_draft(self.cfg, self.state, self.embed, *args)
 
 
-@pytest.fixture(scope="module", params=sorted(CONFIGS))
+@pytest.fixture(scope="module", params=sorted(CONFIGS) + ["gqa-full:cpu"])
 def built(request):
     return Built(request.param)
 

@@ -1,6 +1,7 @@
 """Pangu teacher Cell vs an independent NumPy float64 forward (tests/numpy_reference.py).
 
-Covers: full-sequence logits/aux for bias on/off, GQA/MHA, tied/untied; tree-like positions and masks;
+Covers: full-sequence logits/aux for bias on/off, GQA/MHA, tied/untied (GQA with bias also with the fused CPU
+kernels); tree-like positions and masks;
 batch 2; incremental decoding through the static cache (chunked prefill + decode) == one full forward;
 GRAPH_MODE == PyNative; no recompilation for new values of a compiled shape; prompt-fit errors; aux
 layer id defaults and validation. Tiny seeded models, CPU; compiled models are shared per module.
@@ -43,9 +44,9 @@ SEQ = 12  # full-forward length in the parity tests
 
 # ----------------------------------------------------------------------------------------------- helpers
 
-def build(cfg, seed, batch=1, capacity=CAPACITY):
+def build(cfg, seed, batch=1, capacity=CAPACITY, kernels="composite"):
     """A seeded PanguForCausalLM with weights std 0.2 (logits far from flat); returns (model, state)."""
-    model = PanguForCausalLM(cfg, batch, capacity)
+    model = PanguForCausalLM(cfg, batch, capacity, kernels=kernels)
     model.set_train(False)
     state = random_teacher_state(cfg, seed, std=0.2)
     load_state(model, state)
@@ -83,10 +84,12 @@ def tokens_for(cfg, seed, n):
 
 # ----------------------------------------------------------------------------------------------- fixtures
 
-@pytest.fixture(scope="module", params=sorted(CONFIGS))
+@pytest.fixture(scope="module", params=sorted(CONFIGS) + ["gqa-bias-untied:cpu"])
 def parity_model(request):
-    cfg = CONFIGS[request.param]
-    model, state = build(cfg, seed=1)
+    """``name:cpu``: the teacher built with the fused CPU kernels (eagle_ms/models/cpu_kernels.py)."""
+    name, _, kernels = request.param.partition(":")
+    cfg = CONFIGS[name]
+    model, state = build(cfg, seed=1, kernels=kernels or "composite")
     return request.param, cfg, model, state
 
 

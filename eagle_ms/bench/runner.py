@@ -48,7 +48,7 @@ from eagle_ms.metrics import first_divergence, logit_margin, speedup
 from eagle_ms.bench.profile import MaskProfiler, NullProfiler
 from eagle_ms.bench.progress import Progress
 from eagle_ms.bench.resume import finished_turns, resume_manifest
-from eagle_ms.runtime import decode_mode
+from eagle_ms.runtime import decode_mode, kernels_for
 
 DrafterFactory = Callable[[object, np.ndarray, TurnSpec], object]
 
@@ -122,7 +122,8 @@ def build_manifest(cfg, session_mode: str, opts: BenchOptions, turns: list[TurnS
         "pid": os.getpid(),  # the process that ran rank 0's turns (a sweep runs each point in its own)
         "mode": session_mode,
         "profile": opts.profile,
-        "run": {"draft": spec.draft, "step": spec.step, "budget": spec.budget, "max_depth": spec.max_depth, "top_k": spec.top_k,
+        "run": {"draft": spec.draft, "step": spec.step, "kernels": kernels_for(cfg),
+                "budget": spec.budget, "max_depth": spec.max_depth, "top_k": spec.top_k,
                 "draft_window": spec.draft_window, "min_path_prob": spec.min_path_prob,
                 "fallback_accept": spec.fallback_accept, "fallback_steps": spec.fallback_steps,
                 "max_new_tokens": cfg.generation.max_new_tokens, "temperature": cfg.generation.temperature,

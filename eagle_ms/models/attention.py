@@ -5,7 +5,8 @@ slot), built on the host by ``eagle_ms.tree.verify_attention_mask`` (tree verify
 ``eagle_ms.teacher.causal_chunk_mask`` (prefill / decode). A backend converts it ONCE per forward at
 the op boundary (``prepare_mask``) and every layer then calls ``attend`` with the converted mask:
 
-* ``EagerAttention``: matmul + softmax on any device; additive fp32 mask (0 keep / -1e30 drop).
+* ``EagerAttention``: matmul + softmax on any device; additive fp32 mask (0 keep / -1e30 drop). With the
+  'cpu' kernels the scale, mask and softmax are one kernel (eagle_ms/models/cpu_kernels.py).
 * ``FusedAttention``: Ascend ``ops.flash_attention_score`` (layout BNSD, GQA through ``head_num``,
   ``scalar_value`` = 1/sqrt(head_dim)); its mask is uint8 with **1 = discard**, shape [B, 1, N, S].
   The fused op only exists on Ascend (Atlas A2); on CPU its wiring is tested by patching a NumPy
@@ -17,8 +18,13 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 import mindspore as ms
-from mindspore import nn, ops
+from mindspore import Tensor, nn, ops
+
+from eagle_ms.models import cpu_kernels
+from eagle_ms.models.layers import fused_kernel
 
 NEG_INF = -1e30  # additive mask value; softmax is computed in fp32 so this underflows to exactly 0
 
@@ -32,7 +38,7 @@ class EagerAttention(nn.Cell):
     Query head ``h`` uses KV head ``h // (num_heads // num_kv_heads)`` (the HF ``repeat_kv`` convention).
     """
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, kernels: str = "composite"):
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
@@ -40,6 +46,9 @@ class EagerAttention(nn.Cell):
         self.scale = 1.0 / (head_dim ** 0.5)
         self.head_dim = head_dim
         self.scores_matmul = ops.BatchMatMul(transpose_b=True)  # q k^T without materialising k^T
+        # kernels 'cpu': scale, mask and softmax in one kernel (cpu_kernels.MaskedSoftmax)
+        self.masked_softmax = fused_kernel(kernels, cpu_kernels.masked_softmax_op)
+        self.scale_tensor = Tensor(np.array([self.scale], np.float32))
 
     def prepare_mask(self, allowed):
         """allowed [B, N, S] bool -> additive fp32 mask [B, 1, 1, N, S] (0 keep, NEG_INF drop)."""
@@ -54,10 +63,13 @@ class EagerAttention(nn.Cell):
         b, _, n, d = q.shape
         s = k.shape[2]
         qg = q.reshape(b, self.num_kv_heads, self.groups * n, d)  # [B, Hkv, G*N, D]
-        scores = self.scores_matmul(qg, k).astype(ms.float32) * self.scale  # [B, Hkv, G*N, S]
-        scores = scores.reshape(b, self.num_kv_heads, self.groups, n, s) + mask
-        probs = ops.softmax(scores, axis=-1).astype(v.dtype)
-        probs = probs.reshape(b, self.num_kv_heads, self.groups * n, s)
+        if self.masked_softmax is not None:
+            probs = self.masked_softmax(self.scores_matmul(qg, k), mask, self.scale_tensor)  # [B, Hkv, G*N, S]
+        else:
+            scores = self.scores_matmul(qg, k).astype(ms.float32) * self.scale  # [B, Hkv, G*N, S]
+            scores = scores.reshape(b, self.num_kv_heads, self.groups, n, s) + mask
+            probs = ops.softmax(scores, axis=-1).astype(v.dtype)
+            probs = probs.reshape(b, self.num_kv_heads, self.groups * n, s)
         out = ops.matmul(probs, v)  # [B, Hkv, G*N, D]
         out = out.reshape(b, self.num_heads, n, d).swapaxes(1, 2)  # [B, N, Hq, D]
         return out.reshape(b, n, self.num_heads * d)
@@ -105,9 +117,12 @@ def choose_backend(mode: str, device: str, tree: bool = False) -> str:
     return "eager"
 
 
-def make_attention(backend: str, num_heads: int, num_kv_heads: int, head_dim: int) -> nn.Cell:
+def make_attention(backend: str, num_heads: int, num_kv_heads: int, head_dim: int,
+                   kernels: str = "composite") -> nn.Cell:
+    """The attention Cell of ``backend``; ``kernels`` applies to 'eager' (the 'fused' op is already one
+    kernel)."""
     if backend == "eager":
-        return EagerAttention(num_heads, num_kv_heads, head_dim)
+        return EagerAttention(num_heads, num_kv_heads, head_dim, kernels)
     if backend == "fused":
         return FusedAttention(num_heads, num_kv_heads, head_dim)
     raise ValueError(f"attention backend {backend!r}: must be 'eager' or 'fused'")

@@ -11,14 +11,15 @@ import numpy as np
 
 from mindspore import Tensor, nn, ops
 
+from eagle_ms.models import cpu_kernels
 from eagle_ms.models.attention import make_attention
 from eagle_ms.models.kv_cache import KVCache
-from eagle_ms.models.layers import FusedLinear, Linear, apply_rope, half_swap_index
+from eagle_ms.models.layers import FusedLinear, Linear, apply_rope, fused_kernel, half_swap_index
 
 
 class CachedAttention(nn.Cell):
     def __init__(self, in_features: int, hidden: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                 bias: bool, batch: int, capacity: int, backend: str, dtype):
+                 bias: bool, batch: int, capacity: int, backend: str, dtype, kernels: str = "composite"):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.qkv_proj = FusedLinear(in_features, (("q_proj", num_heads * head_dim), ("k_proj", num_kv_heads * head_dim),
@@ -30,31 +31,52 @@ class CachedAttention(nn.Cell):
         self.rope_keep = Tensor(keep)        # [1, 1, Hq + 2Hkv, 1]
         self.rope_fill = Tensor(1.0 - keep)
         self.swap_index = Tensor(half_swap_index(head_dim))  # [D] int32, RoPE's half swap
-        self.attn = make_attention(backend, num_heads, num_kv_heads, head_dim)
+        self.attn = make_attention(backend, num_heads, num_kv_heads, head_dim, kernels)
+        # kernels 'cpu': bias, RoPE and the head split in one kernel (cpu_kernels.RopeSplit) over Rotary's tables
+        self.rope_split = fused_kernel(kernels, lambda: cpu_kernels.rope_split_op(num_heads, num_kv_heads))
+        heads = (num_heads + 2 * num_kv_heads) * head_dim
+        self.qkv_bias = None if bias else Tensor(np.zeros(heads, np.float32))  # the kernel's bias when there is none
 
     def construct(self, x, cos, sin, rows, mask):
-        """x [B,N,in]; cos/sin: ``head_tables`` of the rows' positions, [B,N,Hq+2Hkv,D] (or [B,1,Hq+2Hkv,D]:
-        one position for every row); mask prepared by the backend, width W. K and V reach the cache in the
-        projection layout [B, N, Hkv, D], without a transpose.
+        """``attend``, then ``o_proj``: [B,N,in] -> [B,N,hidden]."""
+        return self.o_proj(self.attend(x, cos, sin, rows, mask))
+
+    def attend(self, x, cos, sin, rows, mask):
+        """The attention before ``o_proj``: x [B,N,in] -> [B,N,Hq*D]. cos/sin: ``head_tables`` of the rows'
+        positions, [B,N,Hq+2Hkv,D] (or [B,1,Hq+2Hkv,D]: one position for every row; [B,N,D] or [B,1,D] with
+        the 'cpu' kernels); mask prepared by the backend, width W. K and V reach the cache in the projection layout [B, N, Hkv, D], without a transpose.
 
         rows [B*N*Hkv] (``kv_cache.flat_rows``, order (b, n, h)): cache rows to write, then attend over cache
         slots [0, W) (the mask's static width selects the window); or None: no cache, attend over the N tokens
         themselves (training, features).
         """
-        q, k, v = self.project(x, cos, sin)
-        q = q.swapaxes(1, 2)  # [B, Hq, N, D]
+        if self.rope_split is not None:
+            b, n, _ = x.shape
+            qkv = self.qkv_proj.product(x).reshape(b, n, -1, self.head_dim)  # [B, N, Hq+2Hkv, D]
+            if self.qkv_bias is None:
+                q, k, v = self.rope_split(qkv, self.qkv_proj.bias, cos, sin)
+            else:
+                q, k, v = self.rope_split(qkv, self.qkv_bias, cos, sin)
+        else:
+            q, k, v = self.project(x, cos, sin)
+            q = q.swapaxes(1, 2)  # [B, Hq, N, D]
         if rows is None:
-            return self.o_proj(self.attn(q, k.swapaxes(1, 2), v.swapaxes(1, 2), mask))
+            return self.attn(q, k.swapaxes(1, 2), v.swapaxes(1, 2), mask)
         k_win, v_win = self.kv_cache.update(k, v, rows, mask.shape[-1])  # written as [B, N, Hkv, D]; read [B, Hkv, W, D]
-        return self.o_proj(self.attn(q, k_win, v_win, mask))
+        return self.attn(q, k_win, v_win, mask)
 
     def head_tables(self, cos, sin):
         """``Rotary``'s (cos, sin) [B,1,N,D] -> per-head tables [B,N,Hq+2Hkv,D] for ``project``: the q and k
         heads get cos/sin, the v heads cos 1 and sin 0, so RoPE leaves v exactly as it is (v*1 + swap(v)*0).
         Three kernels; callers compute them once per forward (per depth table set) and share them across
         layers. Worked example (Hq 2, Hkv 1, one position): heads (q0, q1, k0) get (cos, sin), v0 (1, 0).
+
+        With the 'cpu' kernels the tables are Rotary's own, as [B,N,D] (no kernel: the fused RoPE reads
+        them per row and knows which heads to rotate).
         """
         b, _, n, d = cos.shape
+        if self.rope_split is not None:
+            return cos.reshape(b, n, d), sin.reshape(b, n, d)
         heads = self.rope_keep.shape[2]
         # sin: broadcast first. ``(sin * sign) * keep`` (Rotary's signed sin times a broadcasting constant)
         # came out of MindSpore 2.9's CPU graph with the shape [B, N, 1, D] at N = 1 (constant folding of

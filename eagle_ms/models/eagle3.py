@@ -45,8 +45,9 @@ from mindspore.common.initializer import initializer
 
 from eagle_ms.models.kv_cache import flat_rows
 from eagle_ms.config import fail
+from eagle_ms.models import cpu_kernels
 from eagle_ms.models.attention_layer import CachedAttention
-from eagle_ms.models.layers import DTYPES, MLP, Linear, RMSNorm, Rotary
+from eagle_ms.models.layers import DTYPES, MLP, Linear, RMSNorm, Rotary, fused_kernel
 
 
 def _fail(key: str, value, why: str) -> None:
@@ -105,27 +106,34 @@ class Eagle3Config:
 class DraftMidLayer(nn.Cell):
     """The EAGLE-3 decoder layer (HF names under ``midlayer.``)."""
 
-    def __init__(self, cfg: Eagle3Config, batch: int, capacity: int, backend: str, dtype):
+    def __init__(self, cfg: Eagle3Config, batch: int, capacity: int, backend: str, dtype, kernels: str = "composite"):
         super().__init__()
         h = cfg.hidden_size
         self.input_layernorm = RMSNorm(h, cfg.rms_norm_eps, dtype)
         self.hidden_norm = RMSNorm(h, cfg.rms_norm_eps, dtype)
         self.self_attn = CachedAttention(2 * cfg.hidden_size, cfg.hidden_size, cfg.num_attention_heads,
                                          cfg.num_key_value_heads, cfg.head_dim, False, batch, capacity,
-                                         backend, dtype)  # q/k/v over the 2H concat, no bias
-        self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps, dtype)
-        self.mlp = MLP(h, cfg.intermediate_size, dtype)
+                                         backend, dtype, kernels)  # q/k/v over the 2H concat, no bias
+        self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps, dtype, kernels)
+        self.mlp = MLP(h, cfg.intermediate_size, dtype, kernels)
+        self.stacked_norm = fused_kernel(kernels, cpu_kernels.rms_norm_op)  # both input norms, one kernel
+        self.eps_tensor = Tensor(np.array([cfg.rms_norm_eps], np.float32))
 
     def construct(self, emb, feature, cos, sin, rows, mask):
         """emb, feature [B,N,H] -> pre-norm output [B,N,H] (residual on the feature, not the embedding)."""
-        h = feature + self.self_attn(self.normed_inputs(emb, feature), cos, sin, rows, mask)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        attn = self.self_attn(self.normed_inputs(emb, feature), cos, sin, rows, mask)  # o_proj has no bias
+        h, normed = self.post_attention_layernorm.residual(feature, attn)
+        return h + self.mlp(normed)
 
     def normed_inputs(self, emb, feature):
         """concat(input_layernorm(emb), hidden_norm(feature)) [B,N,2H], both norms in one pass over the
         stacked [B,N,2,H] (``RMSNorm``'s math per half; 8 kernels instead of 13, once per draft step). Both
         norms have the config's one ``rms_norm_eps`` (``DraftMidLayer.__init__``)."""
         b, n, h = emb.shape
+        if self.stacked_norm is not None:
+            weight = ops.concat((self.input_layernorm.weight, self.hidden_norm.weight))  # [2H]
+            both = ops.concat((emb, feature), axis=-1).reshape(b, n, 2, h)
+            return self.stacked_norm(both, weight, self.eps_tensor).reshape(b, n, 2 * h)
         both = ops.concat((emb, feature), axis=-1).astype(ms.float32).reshape(b, n, 2, h)
         var = ops.mean(both * both, axis=-1, keep_dims=True)
         normed = (both * ops.rsqrt(var + self.input_layernorm.eps)).reshape(b, n, 2 * h)
@@ -171,10 +179,11 @@ class Eagle3Draft(nn.Cell):
     ``embed``: the teacher's embedding Parameter [V, H] to share, or None to own a frozen copy (set it
     with ``eagle_ms.draft_weights.load_draft_state(..., embed=array)``). ``top_k``: K of the in-graph top-k.
     ``capacity``: slots of the draft KV cache (committed region + scratch, see eagle_ms.eagle3_drafter).
+    ``kernels``: 'composite' or 'cpu' (fused CPU kernels, eagle_ms/models/cpu_kernels.py; inference only).
     """
 
     def __init__(self, cfg: Eagle3Config, batch: int, capacity: int, top_k: int, backend: str = "eager",
-                 compute_dtype: str = "float32", embed: Parameter | None = None):
+                 compute_dtype: str = "float32", embed: Parameter | None = None, kernels: str = "composite"):
         super().__init__()
         if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= cfg.draft_vocab_size:
             raise ValueError(f"top_k={top_k!r} must be an integer in [1, draft_vocab_size={cfg.draft_vocab_size}]")
@@ -195,8 +204,8 @@ class Eagle3Draft(nn.Cell):
             self.shares_embedding = True
         self.embed_tokens.weight = weight
         self.fc = Linear(3 * cfg.target_hidden_size, h, False, dt)
-        self.midlayer = DraftMidLayer(cfg, batch, capacity, backend, dt)
-        self.norm = RMSNorm(h, cfg.rms_norm_eps, dt)
+        self.midlayer = DraftMidLayer(cfg, batch, capacity, backend, dt, kernels)
+        self.norm = RMSNorm(h, cfg.rms_norm_eps, dt, kernels)
         self.lm_head = Linear(h, cfg.draft_vocab_size, False, dt)
         # target id = draft id + d2t[draft id]; zeros = identity (draft vocab == target vocab)
         self.d2t = Parameter(Tensor(np.zeros(cfg.draft_vocab_size, np.int32)), name="d2t", requires_grad=False)

@@ -16,7 +16,16 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Normal, Zero, initializer
 
+from eagle_ms.models import cpu_kernels
+
 DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
+
+
+def fused_kernel(kernels: str, make):
+    """``make()`` (a ``cpu_kernels`` operator) when ``kernels`` is 'cpu', None for 'composite'."""
+    if kernels not in ("composite", "cpu"):
+        raise ValueError(f"kernels {kernels!r}: must be 'composite' or 'cpu'")
+    return make() if kernels == "cpu" else None
 
 
 class FusedLinear(nn.Cell):
@@ -40,11 +49,12 @@ class FusedLinear(nn.Cell):
         self.matmul = ops.MatMul()
 
     def construct(self, x):
-        shape = x.shape
-        y = self.matmul(x.reshape(-1, self.in_features), self.weight)
-        if self.has_bias:
-            y = y + self.bias
-        return y.reshape(shape[:-1] + (self.out_features,))
+        y = self.product(x)
+        return y + self.bias if self.has_bias else y
+
+    def product(self, x):
+        """x @ W without the bias: [..., in] -> [..., sum(outs)] (for kernels that add the bias themselves)."""
+        return self.matmul(x.reshape(-1, self.in_features), self.weight).reshape(x.shape[:-1] + (self.out_features,))
 
 
 class Linear(FusedLinear):
@@ -56,14 +66,33 @@ class Linear(FusedLinear):
 
 
 class RMSNorm(nn.Cell):
-    """x * rsqrt(mean(x^2) + eps) * w, computed in fp32, returned in x's dtype."""
+    """x * rsqrt(mean(x^2) + eps) * w, computed in fp32, returned in x's dtype.
 
-    def __init__(self, dim: int, eps: float, dtype=ms.float32):
+    ``kernels``: 'composite' (MindSpore ops) or 'cpu' (one fused kernel, eagle_ms/models/cpu_kernels.py).
+    """
+
+    def __init__(self, dim: int, eps: float, dtype=ms.float32, kernels: str = "composite"):
         super().__init__()
         self.weight = Parameter(initializer("ones", (dim,), dtype), name="weight")
         self.eps = eps
+        self.fused = fused_kernel(kernels, cpu_kernels.rms_norm_op)
+        self.fused_add = fused_kernel(kernels, cpu_kernels.add_rms_norm_op)
+        self.eps_tensor = Tensor(np.array([eps], np.float32))
+        self.no_bias = Tensor(np.zeros(dim, np.float32))
+
+    def residual(self, x, delta, bias=None):
+        """(s, norm(s)) with s = x + (delta + bias) (bias [dim] or None): a residual add, then this pre-norm.
+        With the 'cpu' kernels one kernel (``cpu_kernels.AddRmsNorm``), else the adds and ``construct``."""
+        if self.fused_add is not None:
+            if bias is None:
+                return self.fused_add(x, delta, self.no_bias, self.weight, self.eps_tensor)
+            return self.fused_add(x, delta, bias, self.weight, self.eps_tensor)
+        s = x + delta if bias is None else x + (delta + bias)
+        return s, self.construct(s)
 
     def construct(self, x):
+        if self.fused is not None:
+            return self.fused(x, self.weight, self.eps_tensor)
         xf = x.astype(ms.float32)
         var = ops.mean(xf * xf, axis=-1, keep_dims=True)
         y = xf * ops.rsqrt(var + self.eps)
@@ -73,13 +102,16 @@ class RMSNorm(nn.Cell):
 class MLP(nn.Cell):
     """SwiGLU: down(silu(gate(x)) * up(x)), no bias; gate and up packed as ``gate_up_proj`` [H, 2I]."""
 
-    def __init__(self, hidden: int, intermediate: int, dtype=ms.float32):
+    def __init__(self, hidden: int, intermediate: int, dtype=ms.float32, kernels: str = "composite"):
         super().__init__()
         self.intermediate = intermediate
         self.gate_up_proj = FusedLinear(hidden, (("gate_proj", intermediate), ("up_proj", intermediate)), False, dtype)
         self.down_proj = Linear(intermediate, hidden, False, dtype)
+        self.fused = fused_kernel(kernels, cpu_kernels.silu_mul_op)
 
     def construct(self, x):
+        if self.fused is not None:
+            return self.down_proj(self.fused(self.gate_up_proj(x)))
         gate, up = ops.split(self.gate_up_proj(x), self.intermediate, -1)
         return self.down_proj(ops.silu(gate) * up)
 

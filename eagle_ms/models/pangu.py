@@ -34,44 +34,51 @@ from eagle_ms.models.layers import DTYPES, MLP, Linear, RMSNorm, Rotary
 class DecoderLayer(nn.Cell):
     """Pre-norm decoder layer: x + attn(norm(x)); then + mlp(norm(.))."""
 
-    def __init__(self, cfg: ModelConfig, batch: int, capacity: int, backend: str):
+    def __init__(self, cfg: ModelConfig, batch: int, capacity: int, backend: str, kernels: str):
         super().__init__()
         dt = DTYPES[cfg.compute_dtype]
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dt)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dt, kernels)
         self.self_attn = CachedAttention(cfg.hidden_size, cfg.hidden_size, cfg.num_attention_heads,
                                          cfg.num_key_value_heads, cfg.head_dim, cfg.bias, batch, capacity,
-                                         backend, dt)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dt)
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, dt)
+                                         backend, dt, kernels)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dt, kernels)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, dt, kernels)
 
     def construct(self, x, cos, sin, rows, mask):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, rows, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        attn = self.self_attn.o_proj.product(self.self_attn.attend(self.input_layernorm(x), cos, sin, rows, mask))
+        if self.self_attn.o_proj.has_bias:
+            x, h = self.post_attention_layernorm.residual(x, attn, self.self_attn.o_proj.bias)
+        else:
+            x, h = self.post_attention_layernorm.residual(x, attn)
+        return x + self.mlp(h)
 
 
 class PanguModel(nn.Cell):
     """Embedding, decoder stack, final norm (HF ``model.*``)."""
 
-    def __init__(self, cfg: ModelConfig, batch: int, capacity: int, backend: str):
+    def __init__(self, cfg: ModelConfig, batch: int, capacity: int, backend: str, kernels: str):
         super().__init__()
         dt = DTYPES[cfg.compute_dtype]
         self.embed_tokens = nn.Cell()
         self.embed_tokens.weight = Parameter(initializer(Normal(0.02), (cfg.vocab_size, cfg.hidden_size), dt),
                                              name="weight")
-        self.layers = nn.CellList([DecoderLayer(cfg, batch, capacity, backend)
+        self.layers = nn.CellList([DecoderLayer(cfg, batch, capacity, backend, kernels)
                                    for _ in range(cfg.num_hidden_layers)])
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dt)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dt, kernels)
 
 
 class PanguForCausalLM(nn.Cell):
-    """The teacher: ``construct`` as in the module doc. ``backend``: 'eager' or 'fused' attention."""
+    """The teacher: ``construct`` as in the module doc. ``backend``: 'eager' or 'fused' attention;
+    ``kernels``: 'composite' or 'cpu' (fused norm / SwiGLU / RoPE kernels, eagle_ms/models/cpu_kernels.py;
+    inference only: they have no backward)."""
 
-    def __init__(self, cfg: ModelConfig, batch: int, capacity: int, backend: str = "eager"):
+    def __init__(self, cfg: ModelConfig, batch: int, capacity: int, backend: str = "eager",
+                 kernels: str = "composite"):
         super().__init__()
         self.config = cfg
-        self.batch, self.capacity, self.backend = batch, capacity, backend
+        self.batch, self.capacity, self.backend, self.kernels = batch, capacity, backend, kernels
         dt = DTYPES[cfg.compute_dtype]
-        self.model = PanguModel(cfg, batch, capacity, backend)
+        self.model = PanguModel(cfg, batch, capacity, backend, kernels)
         if not cfg.tie_word_embeddings:
             self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, False, dt)
         self.rotary = Rotary(cfg.head_dim, cfg.rope_theta)

@@ -1,0 +1,133 @@
+"""Fused CPU kernels (RMSNorm, residual add + RMSNorm, SwiGLU, RoPE + head split, masked softmax) as
+MindSpore ``ops.Custom`` AOT operators.
+
+On MindSpore's CPU runtime every launched kernel costs a fixed 5-19 µs whatever it computes
+(docs/teacher_profile.md §"The dispatch floor"), and the layers' norms, SwiGLU and RoPE are chains of
+small elementwise kernels. ``cpu_kernels.cc`` (next to this file) does each chain in one kernel. The
+layers use them when built with ``kernels="cpu"`` (``choose_kernels``); ``"composite"`` is the plain
+MindSpore form, which training (no backward is defined for these operators), feature extraction and every
+non-CPU device run; the kernels are checked against it and against NumPy in tests/test_cpu_kernels.py.
+
+The library is compiled once per source version, compiler and CPU with the system C++ compiler (``CXX``,
+else ``g++``; ``-march=native``) into ``$EAGLE_MS_KERNEL_DIR`` (default ``~/.cache/eagle_ms/kernels``),
+written under a temporary name and renamed, so concurrent processes (msrun ranks) never load a
+half-written file.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+
+from eagle_ms.config import KERNELS
+from eagle_ms.files import atomic_write
+
+ENV_KERNEL_DIR = "EAGLE_MS_KERNEL_DIR"
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_kernels.cc")
+# -fno-trapping-math lets selects vectorise (no FP exception is ever observed); no -ffast-math: the code
+# itself decides the order of every sum
+FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-ffp-contract=off", "-fno-trapping-math")
+
+_LIBRARY: dict[str, str] = {}  # compiler + source digest -> built library path (this process)
+
+
+def choose_kernels(setting: str, device: str, compute_dtype: str) -> str:
+    """'cpu' or 'composite' for the inference graphs of one run (both decode modes: the reference mode
+    checks the graphs the performance mode runs).
+
+    ``auto``: 'cpu' on the CPU with float32 compute, else 'composite'. ``cpu`` is an error where the kernels
+    cannot run (another device or dtype).
+    """
+    if setting not in KERNELS:
+        raise ValueError(f"config key 'runtime.kernels' = {setting!r}: must be one of {', '.join(KERNELS)}")
+    usable = device == "CPU" and compute_dtype == "float32"
+    if setting == "cpu" and not usable:
+        raise ValueError(f"config key 'runtime.kernels' = 'cpu' needs device_target CPU and compute_dtype float32 "
+                         f"(got {device}, {compute_dtype}); use 'auto' or 'composite'")
+    return "cpu" if usable and setting != "composite" else "composite"
+
+
+def library_path() -> str:
+    """The compiled kernel library, building it on first use. RuntimeError (with the compiler's output)
+    when no compiler is found or the build fails."""
+    compiler = os.environ.get("CXX", "g++")
+    with open(SOURCE, "rb") as f:
+        source = f.read()
+    # -march=native: the library fits this CPU only, so its identity is part of the name (a home directory
+    # shared by the nodes of a cluster keeps one library per CPU model)
+    digest = hashlib.sha256(source + " ".join((compiler, _cpu_identity()) + FLAGS).encode()).hexdigest()[:16]
+    if digest in _LIBRARY:
+        return _LIBRARY[digest]
+    folder = os.environ.get(ENV_KERNEL_DIR) or os.path.join(os.path.expanduser("~"), ".cache", "eagle_ms", "kernels")
+    path = os.path.join(folder, f"cpu_kernels-{digest}.so")
+    if not os.path.exists(path):
+        _build(compiler, folder, path)
+    _LIBRARY[digest] = path
+    return path
+
+
+def _cpu_identity() -> str:
+    """The CPU's model name and feature flags (Linux ``/proc/cpuinfo``; the machine type elsewhere)."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = [line for line in f if line.startswith(("model name", "flags", "Features"))]
+        return "".join(sorted(set(lines)))
+    except OSError:
+        return platform.machine()
+
+
+def _build(compiler: str, folder: str, path: str) -> None:
+    """Compile into a private temp file, then publish it at ``path`` with ``files.atomic_write``."""
+    if shutil.which(compiler) is None:
+        raise RuntimeError(f"runtime.kernels 'cpu' needs a C++ compiler: {compiler!r} was not found (set CXX, "
+                           f"install g++, or set runtime.kernels to 'composite')")
+    os.makedirs(folder, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder) as scratch:
+        built = os.path.join(scratch, "cpu_kernels.so")
+        done = subprocess.run([compiler, *FLAGS, "-o", built, SOURCE], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"building {SOURCE} with {compiler} failed:\n{done.stderr.strip()}")
+        with open(built, "rb") as f:
+            library = f.read()
+    atomic_write(path, lambda handle: handle.write(library), binary=True)
+
+
+def _custom(function: str, out_shape, out_dtype):
+    from mindspore import ops
+
+    return ops.Custom(f"{library_path()}:{function}", out_shape=out_shape, out_dtype=out_dtype, func_type="aot")
+
+
+def rms_norm_op():
+    """(x [..., H], w [G*H], eps [1]) -> y like x: RMSNorm, row r of x normed with weight row r % G."""
+    return _custom("RmsNorm", lambda x, w, eps: x, lambda x, w, eps: x)
+
+
+def add_rms_norm_op():
+    """(x [..., H], a [..., H], bias [H], w [H], eps [1]) -> (s = x + (a + bias), RmsNorm(s) with w)."""
+    return _custom("AddRmsNorm", lambda x, a, bias, w, eps: (x, x), lambda x, a, bias, w, eps: (x, x))
+
+
+def masked_softmax_op():
+    """(scores [B,Hkv,G*N,S], additive mask of B*N*S values ([B,1,1,N,S]), scale [1]) -> softmax over S of
+    scores*scale + mask, like scores; score row g*N + n takes mask row n."""
+    return _custom("MaskedSoftmax", lambda scores, mask, scale: scores, lambda scores, mask, scale: scores)
+
+
+def silu_mul_op():
+    """gate_up [..., 2I] -> silu(gate) * up [..., I]."""
+    return _custom("SiluMul", lambda gu: list(gu[:-1]) + [gu[-1] // 2], lambda gu: gu)
+
+
+def rope_split_op(num_heads: int, num_kv_heads: int):
+    """(qkv [B,N,Hq+2Hkv,D], bias [(Hq+2Hkv)*D], cos [B,Nc,D], sin [B,Nc,D]) -> (q [B,Hq,N,D], k [B,N,Hkv,D],
+    v [B,N,Hkv,D]): bias added, q and k rotated (``layers.Rotary``'s signed sin), v copied; Nc = N or 1."""
+    def shapes(qkv, bias, cos, sin):
+        b, n, _, d = qkv
+        return ([b, num_heads, n, d], [b, n, num_kv_heads, d], [b, n, num_kv_heads, d])
+
+    return _custom("RopeSplit", shapes, lambda qkv, bias, cos, sin: (qkv, qkv, qkv))
