@@ -186,20 +186,19 @@ def test_resume_continues_exactly_and_online_equals_offline(data, tmp_path):
 
 
 def test_micro_batches_take_the_same_steps_as_the_whole_batch(data, tmp_path):
-    """--micro-batch 1 and 2 (gradients summed over 4 and 2 graph calls) == the batch of 4 in one call."""
+    """--micro-batch 2 (gradients summed over 2 graph calls) == the batch of 4 in one call (micro-batch 1
+    is the same accumulation loop with 4 calls)."""
     runs = {}
-    for micro in (None, 1, 2):
+    for micro in (None, 2):
         tc = train_config(data, str(tmp_path / f"o{micro}"), str(tmp_path / f"w{micro}"), micro_batch=micro)
         DraftTraining(data["cfg"], tc, log=quiet).run()
         with open(tmp_path / f"w{micro}" / "summary.json", encoding="utf-8") as fh:
             runs[micro] = (_weights(tmp_path / f"o{micro}"), np.array(json.load(fh)["history"]["train"]))
     whole, whole_loss = runs[None]
-    for micro in (1, 2):
-        weights, losses = runs[micro]
-        np.testing.assert_allclose(losses, whole_loss, rtol=1e-5, err_msg=f"micro-batch {micro}: losses")
-        for key in whole:
-            np.testing.assert_allclose(weights[key], whole[key], rtol=1e-4, atol=1e-5,
-                                       err_msg=f"micro-batch {micro}: {key}")
+    weights, losses = runs[2]
+    np.testing.assert_allclose(losses, whole_loss, rtol=1e-5, err_msg="micro-batch 2: losses")
+    for key in whole:
+        np.testing.assert_allclose(weights[key], whole[key], rtol=1e-4, atol=1e-5, err_msg=f"micro-batch 2: {key}")
 
 
 def test_refusals(data, tmp_path):
