@@ -35,12 +35,12 @@ class KernelChain(nn.Cell):
         return x
 
 
-def median_call_ms(cell, x, y, repeats: int) -> float:
-    """The median wall time of ``repeats`` warm calls of ``cell(x, y)``, each read back to the host."""
+def median_call_ms(cell, inputs, repeats: int) -> float:
+    """The median wall time of ``repeats`` warm calls of ``cell(*inputs)``, each read back to the host."""
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        cell(x, y).asnumpy()
+        cell(*inputs).asnumpy()
         times.append(time.perf_counter() - start)
     return float(np.median(times)) * 1e3
 
@@ -69,7 +69,7 @@ def main():
     rounds = {k: [] for k in cells}
     for _ in range(args.rounds):
         for k, cell in cells.items():
-            rounds[k].append(median_call_ms(cell, x, y, args.repeats))
+            rounds[k].append(median_call_ms(cell, (x, y), args.repeats))
     call_ms = {k: float(np.median(v)) for k, v in rounds.items()}
     print(json.dumps({
         "repeats": args.repeats, "rounds": args.rounds, "dispatch_threads": args.dispatch_threads,

@@ -2,7 +2,8 @@
 
 Covers each kernel through a compiled MindSpore graph (RmsNorm with one and two weight rows, AddRmsNorm,
 SiluMul over extreme inputs, RopeSplit with a position per row and one shared position, with and without
-bias, MaskedSoftmax with grouped query rows and masked slots that must come out exactly 0); a teacher built
+bias, MaskedSoftmax with grouped query rows and masked slots that must come out exactly 0, WindowAttention
+over a cache window in place, row by row, LogSoftmaxTopK with ties); a teacher built
 with the kernels decoding incrementally == its own full forward == the NumPy teacher; the choice rules
 (``choose_kernels``, ``runtime.kernels``) and the build errors. The model-level parity with the kernels is
 in tests/test_pangu_model.py and tests/test_eagle3_model.py.
@@ -116,6 +117,61 @@ def test_masked_softmax_groups_and_masked_slots():
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-9)
     dropped = np.broadcast_to(~allowed[:, None, None], (b, hkv, g, n, s)).reshape(b, hkv, g * n, s)
     assert np.all(got[dropped] == 0.0), "a masked slot must get exactly 0"
+
+
+def np_window_attention(q, k_cache, v_cache, hkv, allowed, scale):
+    """float64: q [B,Hq,N,D] over slots [0, W) of the flat caches [B*Hkv*S, D] -> [B, N, Hq*D]."""
+    b, hq, n, d = q.shape
+    w = allowed.shape[-1]
+
+    def window(cache):  # [B*Hkv*S, D] -> [B, Hq, W, D]; query head h*G + g reads KV head h (HF repeat_kv)
+        return cache.reshape(b, hkv, -1, d)[:, :, :w].astype(np.float64).repeat(hq // hkv, axis=1)
+
+    keys, values = window(k_cache), window(v_cache)
+    logits = np.einsum("bhnd,bhwd->bhnw", q.astype(np.float64), keys) * scale
+    logits = np.where(allowed[:, None], logits, -np.inf)
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    probs = e / e.sum(-1, keepdims=True)
+    return np.einsum("bhnw,bhwd->bnhd", probs, values).reshape(b, n, hq * d)
+
+
+def test_window_attention_reads_the_cache_window_in_place():
+    """GQA (G = 2), B = 2, a window W < S, random masks: == NumPy float64; a row's result does not depend on
+    the other rows or on slots beyond the kept ones (bitwise: the same row alone, wider window)."""
+    b, hq, hkv, n, d, s, w = 2, 4, 2, 5, 16, 24, 12
+    q = RNG.standard_normal((b, hq, n, d)) * 2
+    k_cache = RNG.standard_normal((b * hkv * s, d))
+    v_cache = RNG.standard_normal((b * hkv * s, d))
+    allowed = RNG.random((b, n, w)) < 0.5
+    allowed[:, np.arange(n), np.arange(n)] = True  # every row keeps a slot
+    scale = 1 / np.sqrt(d)
+    mask = np.where(allowed, 0.0, -1e30).reshape(b, 1, 1, n, w)
+    op = cpu_kernels.window_attention_op()
+    got = run(op, q, k_cache, v_cache, mask, [scale] * hkv)
+    close(got, np_window_attention(q, k_cache, v_cache, hkv, allowed, scale))
+    wider = np.concatenate([allowed, np.zeros((b, n, s - w), bool)], -1)  # same kept slots, window S
+    alone = run(op, q[:, :, 2:3], k_cache, v_cache, np.where(wider[:, 2:3], 0.0, -1e30), [scale] * hkv)
+    np.testing.assert_array_equal(alone[:, 0], got[:, 2])
+
+
+def test_log_softmax_top_k_with_ties_and_target_offsets():
+    """Rows of [2, 3, V]: the top-K log-softmax values (NumPy float64), descending, equal logits in index order
+    (a row of all-equal logits and a row with a tie across the K boundary), target ids index + d2t[index]."""
+    v, k = 300, 4
+    logits = RNG.standard_normal((2, 3, v)) * 4
+    logits[0, 1] = 1.5                          # all equal: indices 0..K-1
+    logits[1, 2, [7, 50, 120, 299]] = 30.0      # four-way tie at the top
+    logits[1, 0, [3, 200]] = 30.0               # tie for the first place
+    d2t = RNG.integers(0, 50, v).astype(np.int32)
+    values, ids = Call(cpu_kernels.log_softmax_top_k_op(k))(Tensor(logits.astype(np.float32)), Tensor(d2t))
+    x = logits.astype(np.float32).astype(np.float64)
+    order = np.argsort(-x, axis=-1, kind="stable")[..., :k]  # stable: equal values keep index order
+    log_probs = x - x.max(-1, keepdims=True) - np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True))
+    np.testing.assert_allclose(values.asnumpy(), np.take_along_axis(log_probs, order, -1), rtol=1e-6, atol=2e-6)
+    np.testing.assert_array_equal(ids.asnumpy(), order + d2t[order])
+    np.testing.assert_array_equal(order[0, 1], np.arange(k))
+    np.testing.assert_array_equal(order[1, 2], [7, 50, 120, 299])
+    np.testing.assert_array_equal(order[1, 0, :2], [3, 200])
 
 
 def test_teacher_with_kernels_decodes_like_its_full_forward_and_the_reference():

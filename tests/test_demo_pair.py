@@ -106,15 +106,14 @@ def test_fixed_prompt_identical_with_and_without_draft(session):
     assert len(session.tokenizer.decode(base.tokens).split()) >= 5  # real words, not byte noise
 
 
-SAMPLED = [(SamplingParams(0.7, 0, 1.0, 1), "Write a Python function that returns the n-th Fibonacci number."),
-           (SamplingParams(1.0, 0, 0.9, 2), "Give three tips for staying healthy."),
-           (SamplingParams(1.0, 50, 1.0, 3), "Write a Python function that returns the n-th Fibonacci number.")]
+SAMPLED = [(SamplingParams(0.7, 50, 1.0, 1), "Write a Python function that returns the n-th Fibonacci number."),
+           (SamplingParams(1.0, 0, 0.9, 2), "Give three tips for staying healthy.")]
 
 
 def test_seeded_sampling_identical_with_and_without_draft(session):
     """Position-keyed sampling: the speculative run reproduces the teacher-only run of the same seed, and
     draft tokens are accepted at T > 0 (the demo teacher is flat, perplexity ~120: tau is lower than greedy).
-    One prompt per setting (T 0.7; T 1.0 with top-p; T 1.0 with top-k)."""
+    One prompt per setting (T 0.7 with top-k; T 1.0 with top-p)."""
     accepted = []
     for params, text in SAMPLED:
         ids = _chat(session, text)

@@ -95,9 +95,13 @@ def test_teacher_only_baseline_is_fp64_greedy(big):
 
 # ------------------------------------------------------------------------------ max_new_tokens, full matrix
 
-@pytest.mark.parametrize("reference", [False, True], ids=["performance", "reference"])
-@pytest.mark.parametrize("max_depth", [1, 4, 10])
-@pytest.mark.parametrize("budget", [1, 4, 16, 64])
+# every (budget, depth) pair, each in one mode; every budget and every depth in both modes
+SPECULATIVE_CASES = [(budget, depth, (i + j) % 2 == 1) for i, budget in enumerate((1, 4, 16, 64))
+                     for j, depth in enumerate((1, 4, 10))]
+
+
+@pytest.mark.parametrize("budget, max_depth, reference", SPECULATIVE_CASES,
+                         ids=[f"{b}-{d}-{'reference' if r else 'performance'}" for b, d, r in SPECULATIVE_CASES])
 def test_speculative_equals_teacher_only(big, budget, max_depth, reference):
     drafters = DRAFTERS if not reference else DRAFTERS[:2]
     accepted, copies = [], 0
@@ -181,8 +185,8 @@ def test_stop_on_eos(big, budget, max_depth, reference):
 
 # ------------------------------------------------------------------------------ KV capacity
 
-@pytest.mark.parametrize("reference", [False, True], ids=["performance", "reference"])
-@pytest.mark.parametrize("budget, max_depth", [(4, 4), (4, 10), (16, 10), (16, 1), (64, 10)])
+@pytest.mark.parametrize("budget, max_depth, reference", [(4, 4, False), (4, 10, True), (16, 10, False),
+                                                       (16, 1, True), (64, 10, False), (64, 10, True)])
 def test_stop_on_capacity(small, big, budget, max_depth, reference):
     """Capacity 40: teacher-only stops after capacity - P + 1 tokens; speculative stops at the same
     token, falling back to N = 1 steps once a full tree no longer fits."""

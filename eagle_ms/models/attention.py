@@ -6,7 +6,9 @@ slot), built on the host by ``eagle_ms.tree.verify_attention_mask`` (tree verify
 the op boundary (``prepare_mask``) and every layer then calls ``attend`` with the converted mask:
 
 * ``EagerAttention``: matmul + softmax on any device; additive fp32 mask (0 keep / -1e30 drop). With the
-  'cpu' kernels the scale, mask and softmax are one kernel (eagle_ms/models/cpu_kernels.py).
+  'cpu' kernels, attention over the cache window is one kernel reading the cache in place (``over_cache``),
+  and over the rows themselves (no cache) the scale, mask and softmax are one kernel
+  (eagle_ms/models/cpu_kernels.py).
 * ``FusedAttention``: Ascend ``ops.flash_attention_score`` (layout BNSD, GQA through ``head_num``,
   ``scalar_value`` = 1/sqrt(head_dim)); its mask is uint8 with **1 = discard**, shape [B, 1, N, S].
   The fused op only exists on Ascend (Atlas A2); on CPU its wiring is tested by patching a NumPy
@@ -49,6 +51,9 @@ class EagerAttention(nn.Cell):
         # kernels 'cpu': scale, mask and softmax in one kernel (cpu_kernels.MaskedSoftmax)
         self.masked_softmax = fused_kernel(kernels, cpu_kernels.masked_softmax_op)
         self.scale_tensor = Tensor(np.array([self.scale], np.float32))
+        # kernels 'cpu': attention over the cache window in one kernel, reading the cache in place
+        self.window_attention = fused_kernel(kernels, cpu_kernels.window_attention_op)
+        self.kv_head_scales = Tensor(np.full(num_kv_heads, self.scale, np.float32))  # its length tells the kernel Hkv
 
     def prepare_mask(self, allowed):
         """allowed [B, N, S] bool -> additive fp32 mask [B, 1, 1, N, S] (0 keep, NEG_INF drop)."""
@@ -73,6 +78,12 @@ class EagerAttention(nn.Cell):
         out = ops.matmul(probs, v)  # [B, Hkv, G*N, D]
         out = out.reshape(b, self.num_heads, n, d).swapaxes(1, 2)  # [B, N, Hq, D]
         return out.reshape(b, n, self.num_heads * d)
+
+
+    def over_cache(self, q, k_cache, v_cache, mask):
+        """With the 'cpu' kernels only: q [B, Hq, N, D]; k_cache, v_cache the flat caches [B*Hkv*S, D]
+        (``KVCache.write``); mask from prepare_mask [B,1,1,N,W] -> out [B, N, Hq*D] over slots [0, W)."""
+        return self.window_attention(q, k_cache, v_cache, mask, self.kv_head_scales)
 
 
 class FusedAttention(nn.Cell):

@@ -32,6 +32,7 @@ class CachedAttention(nn.Cell):
         self.rope_fill = Tensor(1.0 - keep)
         self.swap_index = Tensor(half_swap_index(head_dim))  # [D] int32, RoPE's half swap
         self.attn = make_attention(backend, num_heads, num_kv_heads, head_dim, kernels)
+        self.window_in_place = kernels == "cpu" and backend == "eager"  # EagerAttention.over_cache
         # kernels 'cpu': bias, RoPE and the head split in one kernel (cpu_kernels.RopeSplit) over Rotary's tables
         self.rope_split = fused_kernel(kernels, lambda: cpu_kernels.rope_split_op(num_heads, num_kv_heads))
         heads = (num_heads + 2 * num_kv_heads) * head_dim
@@ -47,7 +48,8 @@ class CachedAttention(nn.Cell):
         the 'cpu' kernels); mask prepared by the backend, width W. K and V reach the cache in the projection layout [B, N, Hkv, D], without a transpose.
 
         rows [B*N*Hkv] (``kv_cache.flat_rows``, order (b, n, h)): cache rows to write, then attend over cache
-        slots [0, W) (the mask's static width selects the window); or None: no cache, attend over the N tokens
+        slots [0, W) (the mask's static width selects the window; the 'cpu' kernels read them in place, the
+        composite form gathers them); or None: no cache, attend over the N tokens
         themselves (training, features).
         """
         if self.rope_split is not None:
@@ -62,6 +64,9 @@ class CachedAttention(nn.Cell):
             q = q.swapaxes(1, 2)  # [B, Hq, N, D]
         if rows is None:
             return self.attn(q, k.swapaxes(1, 2), v.swapaxes(1, 2), mask)
+        if self.window_in_place:
+            k_cache, v_cache = self.kv_cache.write(k, v, rows)
+            return self.attn.over_cache(q, k_cache, v_cache, mask)
         k_win, v_win = self.kv_cache.update(k, v, rows, mask.shape[-1])  # written as [B, N, Hkv, D]; read [B, Hkv, W, D]
         return self.attn(q, k_win, v_win, mask)
 

@@ -15,6 +15,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <algorithm>
+#include <vector>
 
 namespace {
 
@@ -237,6 +239,225 @@ extern "C" int MaskedSoftmax(int nparam, void **params, int *ndims, int64_t **sh
         }
         for (j = 0; j < s; ++j) p[j] /= total;
       }
+    }
+  }
+  return 0;
+}
+
+// WindowAttention(q [B, Hq, N, D], k_cache [B*Hkv*S, D], v_cache [B*Hkv*S, D], mask [B, N, W] (any shape of
+//   B*N*W values), scale [Hkv]) -> out [B, N, Hq*D].
+// Attention of each query row over cache slots [0, W) of its KV head, read in place from the flat cache
+// (eagle_ms/models/kv_cache.py: row (b*Hkv + h)*S + slot), so the window is never gathered. Query head
+// qh = h*G + g uses KV head h (G = Hq/Hkv). scale holds the score scale once per KV head (its length gives
+// Hkv). The mask is additive (0 keep, -1e30 drop: eagle_ms/models/attention.py); a slot whose mask value
+// is <= -1e29 is dropped: probability exactly 0 (its value vector is weighted by 0: it adds exactly +0 for
+// the finite values a cache holds). Every row keeps at least one slot (the callers' contract).
+// Each row's arithmetic is fixed: its scores are sequential sums over D, its softmax and its value sum run
+// over its kept slots in ascending order. So a row's result does not depend on N, on the other rows or on
+// the window's dropped slots (tests/test_cpu_kernels.py checks this bitwise).
+// Layout of the work: per (b, h) the keys of slots [0, J) (J = 1 + the last slot any row of b keeps) are
+// transposed once into [D, J'] (J' = J rounded up to kSlotBlock, zero padded), so that scores are vector
+// multiply-adds with no horizontal sums; the G*N rows of a KV head go kRowBlock at a time, so that each key
+// and value vector loaded serves several rows.
+namespace {
+
+constexpr int64_t kSlotBlock = 16;
+constexpr int64_t kRowBlock = 4;
+
+// Eight floats as one vector (GCC/Clang vector extension: AVX on x86-64 with -march=native, NEON pairs on
+// ARM); arithmetic on it is lane by lane, so each lane's sums keep their order.
+typedef float Vec8 __attribute__((vector_size(32)));
+
+inline Vec8 load8(const float *p) {
+  Vec8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline void store8(float *p, Vec8 v) { std::memcpy(p, &v, sizeof v); }
+
+// For the kRowBlock query rows qr[r]: scores[r][j] = sum over e (in order) of qr[r][e] * keys_t[e][j], j in
+// [0, padded); keys_t is [d, padded] (padded a multiple of kSlotBlock = 16), scores rows are ``padded`` apart.
+void block_scores(const float *const *qr, const float *keys_t, int64_t d, int64_t padded, float *scores) {
+  for (int64_t jb = 0; jb < padded; jb += kSlotBlock) {
+    Vec8 acc[kRowBlock][2] = {};
+    for (int64_t e = 0; e < d; ++e) {
+      const Vec8 k0 = load8(keys_t + e * padded + jb), k1 = load8(keys_t + e * padded + jb + 8);
+      for (int64_t r = 0; r < kRowBlock; ++r) {
+        const float qe = qr[r][e];
+        acc[r][0] += qe * k0;
+        acc[r][1] += qe * k1;
+      }
+    }
+    for (int64_t r = 0; r < kRowBlock; ++r) {
+      store8(scores + r * padded + jb, acc[r][0]);
+      store8(scores + r * padded + jb + 8, acc[r][1]);
+    }
+  }
+}
+
+// One row of scores -> its probabilities in place over slots [0, used): softmax of score*scale + mask over
+// the kept slots (ascending order), exactly 0 at the dropped ones.
+void row_probabilities(float *p, const float *m, float scale, int64_t used, float dropped) {
+  float top = -INFINITY;
+  for (int64_t j = 0; j < used; ++j) {
+    if (m[j] <= dropped) continue;
+    p[j] = p[j] * scale + m[j];
+    top = p[j] > top ? p[j] : top;
+  }
+  float total = 0.0f;
+  for (int64_t j = 0; j < used; ++j) {
+    if (m[j] <= dropped) continue;
+    p[j] = exp_approx(p[j] - top);
+    total += p[j];
+  }
+  for (int64_t j = 0; j < used; ++j) p[j] = m[j] <= dropped ? 0.0f : p[j] / total;
+}
+
+// For the kRowBlock rows of probabilities p (rows ``padded`` apart): out[r][e] = sum over j in [0, used) (in
+// order) of p[r][j] * values[j][e]; d values per slot row. A dropped slot's weight 0 adds exactly +0.
+void block_values(const float *p, int64_t padded, const float *values, int64_t d, int64_t used, float *const *out) {
+  int64_t e0 = 0;
+  for (; e0 + 16 <= d; e0 += 16) {
+    Vec8 acc[kRowBlock][2] = {};
+    for (int64_t j = 0; j < used; ++j) {
+      const Vec8 v0 = load8(values + j * d + e0), v1 = load8(values + j * d + e0 + 8);
+      for (int64_t r = 0; r < kRowBlock; ++r) {
+        const float pj = p[r * padded + j];
+        acc[r][0] += pj * v0;
+        acc[r][1] += pj * v1;
+      }
+    }
+    for (int64_t r = 0; r < kRowBlock; ++r) {
+      store8(out[r] + e0, acc[r][0]);
+      store8(out[r] + e0 + 8, acc[r][1]);
+    }
+  }
+  for (; e0 < d; ++e0) {  // a head size that is not a multiple of 16: the last columns one at a time
+    for (int64_t r = 0; r < kRowBlock; ++r) {
+      float sum = 0.0f;
+      for (int64_t j = 0; j < used; ++j) sum += p[r * padded + j] * values[j * d + e0];
+      out[r][e0] = sum;
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" int WindowAttention(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                               void *, void *) {
+  if (nparam != 6) return 1;
+  if (!all_float32(nparam, dtypes)) return 2;
+  if (ndims[0] != 4 || ndims[1] != 2 || ndims[2] != 2 || ndims[4] != 1 || ndims[3] < 1) return 3;
+  const int64_t b = shapes[0][0], hq = shapes[0][1], n = shapes[0][2], d = shapes[0][3];
+  const int64_t hkv = shapes[4][0], cache_rows = shapes[1][0], w = shapes[3][ndims[3] - 1];
+  if (hkv <= 0 || hq % hkv != 0 || d > 1024 || shapes[1][1] != d || shapes[2][0] != cache_rows ||
+      shapes[2][1] != d || cache_rows % (b * hkv) != 0 || count(ndims[3], shapes[3]) != b * n * w ||
+      count(ndims[5], shapes[5]) != b * n * hq * d)
+    return 3;
+  const int64_t s = cache_rows / (b * hkv), groups = hq / hkv, rows = groups * n;
+  if (w > s) return 3;
+  const float *q = static_cast<const float *>(params[0]);
+  const float *k_cache = static_cast<const float *>(params[1]);
+  const float *v_cache = static_cast<const float *>(params[2]);
+  const float *mask = static_cast<const float *>(params[3]);
+  const float *scales = static_cast<const float *>(params[4]);
+  float *out = static_cast<float *>(params[5]);
+  constexpr float kDropped = -1e29f;
+  std::vector<float> keys_t, p;
+  std::vector<float> scratch(d);  // the output of a short block's padding rows
+  for (int64_t bi = 0; bi < b; ++bi) {
+    const float *mb = mask + bi * n * w;
+    int64_t used = 0;  // J: 1 + the last slot a row of this batch element keeps
+    for (int64_t i = 0; i < n * w; ++i) {
+      if (mb[i] > kDropped && i % w + 1 > used) used = i % w + 1;
+    }
+    const int64_t padded = (used + kSlotBlock - 1) / kSlotBlock * kSlotBlock;
+    keys_t.assign(d * padded, 0.0f);
+    p.resize(kRowBlock * padded);
+    for (int64_t h = 0; h < hkv; ++h) {
+      const float *keys = k_cache + (bi * hkv + h) * s * d;
+      const float *values = v_cache + (bi * hkv + h) * s * d;
+      for (int64_t j = 0; j < used; ++j) {
+        for (int64_t e = 0; e < d; ++e) keys_t[e * padded + j] = keys[j * d + e];
+      }
+      // row i of this KV head: query head h*G + i/N, position i%N; a short last block repeats its first row
+      for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
+        const int64_t count_rows = rows - r0 < kRowBlock ? rows - r0 : kRowBlock;
+        const float *qr[kRowBlock];
+        const float *m[kRowBlock];
+        float *dst[kRowBlock];
+        for (int64_t r = 0; r < kRowBlock; ++r) {
+          const int64_t i = r0 + (r < count_rows ? r : 0), head = h * groups + i / n, ni = i % n;
+          qr[r] = q + ((bi * hq + head) * n + ni) * d;
+          m[r] = mb + ni * w;
+          dst[r] = r < count_rows ? out + ((bi * n + ni) * hq + head) * d : scratch.data();
+        }
+        block_scores(qr, keys_t.data(), d, padded, p.data());
+        for (int64_t r = 0; r < kRowBlock; ++r) {
+          float *pr = p.data() + r * padded;
+          if (r < count_rows) {
+            row_probabilities(pr, m[r], scales[h], used, kDropped);
+          } else {
+            std::fill(pr, pr + used, 0.0f);  // padding rows of a short block: weight 0, written to scratch
+          }
+        }
+        block_values(p.data(), padded, values, d, used, dst);
+      }
+    }
+  }
+  return 0;
+}
+
+// LogSoftmaxTopK(logits [..., V] float32, d2t [V] int32) -> (values [..., K] float32, ids [..., K] int32).
+// Per row: the K largest logits in descending order (equal logits: the lower index first), their
+// log-softmax values (x - max) - log(sum over the row of exp(x - max)), and their target ids
+// index + d2t[index] (the EAGLE-3 draft-to-target offsets). K comes from the output shapes, K <= V.
+extern "C" int LogSoftmaxTopK(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                              void *, void *) {
+  if (nparam != 4) return 1;
+  if (std::strcmp(dtypes[0], "float32") != 0 || std::strcmp(dtypes[1], "int32") != 0 ||
+      std::strcmp(dtypes[2], "float32") != 0 || std::strcmp(dtypes[3], "int32") != 0)
+    return 2;
+  const int64_t v = shapes[0][ndims[0] - 1], k = shapes[2][ndims[2] - 1];
+  const int64_t rows = v > 0 ? count(ndims[0], shapes[0]) / v : 0;
+  if (v <= 0 || k <= 0 || k > v || k > 1024 || count(ndims[1], shapes[1]) != v ||
+      count(ndims[2], shapes[2]) != rows * k || count(ndims[3], shapes[3]) != rows * k)
+    return 3;
+  const float *logits = static_cast<const float *>(params[0]);
+  const int32_t *d2t = static_cast<const int32_t *>(params[1]);
+  float *values = static_cast<float *>(params[2]);
+  int32_t *ids = static_cast<int32_t *>(params[3]);
+  float best[1024];
+  int64_t where[1024];
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *x = logits + r * v;
+    int64_t filled = 0;
+    for (int64_t i = 0; i < v; ++i) {  // insertion into the sorted K best; a tie never displaces
+      if (filled == k && !(x[i] > best[k - 1])) continue;
+      int64_t pos = filled < k ? filled : k - 1;
+      while (pos > 0 && x[i] > best[pos - 1]) {
+        best[pos] = best[pos - 1];
+        where[pos] = where[pos - 1];
+        --pos;
+      }
+      best[pos] = x[i];
+      where[pos] = i;
+      if (filled < k) ++filled;
+    }
+    const float top = best[0];
+    float acc[kLanes] = {0.0f};
+    int64_t j = 0;
+    for (; j + kLanes <= v; j += kLanes) {
+      for (int u = 0; u < kLanes; ++u) acc[u] += exp_approx(x[j + u] - top);
+    }
+    float total = 0.0f;
+    for (int u = 0; u < kLanes; ++u) total += acc[u];
+    for (; j < v; ++j) total += exp_approx(x[j] - top);
+    const float log_total = std::log(total);
+    for (int64_t c = 0; c < k; ++c) {
+      values[r * k + c] = (best[c] - top) - log_total;
+      ids[r * k + c] = static_cast<int32_t>(where[c]) + d2t[where[c]];
     }
   }
   return 0;

@@ -1,5 +1,5 @@
-"""Fused CPU kernels (RMSNorm, residual add + RMSNorm, SwiGLU, RoPE + head split, masked softmax) as
-MindSpore ``ops.Custom`` AOT operators.
+"""Fused CPU kernels (RMSNorm, residual add + RMSNorm, SwiGLU, RoPE + head split, masked softmax, attention
+over the cache window, the draft's log-softmax + top-K) as MindSpore ``ops.Custom`` AOT operators.
 
 On MindSpore's CPU runtime every launched kernel costs a fixed 5-19 µs whatever it computes
 (docs/teacher_profile.md §"The dispatch floor"), and the layers' norms, SwiGLU and RoPE are chains of
@@ -116,6 +116,23 @@ def masked_softmax_op():
     """(scores [B,Hkv,G*N,S], additive mask of B*N*S values ([B,1,1,N,S]), scale [1]) -> softmax over S of
     scores*scale + mask, like scores; score row g*N + n takes mask row n."""
     return _custom("MaskedSoftmax", lambda scores, mask, scale: scores, lambda scores, mask, scale: scores)
+
+
+def window_attention_op():
+    """(q [B,Hq,N,D], k_cache [B*Hkv*S,D], v_cache [B*Hkv*S,D], additive mask of B*N*W values ([B,1,1,N,W]),
+    scale [Hkv]) -> out [B,N,Hq*D]: attention over cache slots [0, W) read in place (``kv_cache``'s flat
+    layout); slots with mask <= -1e29 dropped exactly."""
+    return _custom("WindowAttention", lambda q, k, v, mask, scale: [q[0], q[2], q[1] * q[3]],
+                   lambda q, k, v, mask, scale: q)
+
+
+def log_softmax_top_k_op(top_k: int):
+    """(logits [..., Vd] f32, d2t [Vd] i32) -> (top-K log-softmax values [..., K] f32 descending, equal logits
+    lower index first; their target ids index + d2t[index] [..., K] i32)."""
+    import mindspore as ms
+
+    return _custom("LogSoftmaxTopK", lambda x, d2t: ([*x[:-1], top_k], [*x[:-1], top_k]),
+                   lambda x, d2t: (ms.float32, ms.int32))
 
 
 def silu_mul_op():

@@ -213,6 +213,8 @@ class Eagle3Draft(nn.Cell):
         self.mask_backend = self.midlayer.self_attn.attn
         self.t2d = None  # host-side bool [V] (set by eagle_ms.draft_weights.load_draft_state); not in graphs
         self.root_pair = RootPairStore(batch, top_k, h)
+        # kernels 'cpu': log-softmax, top-K and the target-id offsets in one kernel (cpu_kernels.LogSoftmaxTopK)
+        self.fused_topk = fused_kernel(kernels, lambda: cpu_kernels.log_softmax_top_k_op(top_k))
 
     def construct(self, input_ids, features, position_ids, cache_slots, attn_mask, last_row=None):
         """extend: features [B,N,3Ht] are teacher aux features (fc applied). Returns (logprob, ids, hidden).
@@ -257,6 +259,8 @@ class Eagle3Draft(nn.Cell):
 
     def topk(self, hidden):
         """hidden [B,N,H] -> (top-K log-probs [B,N,K] fp32 descending, their TARGET ids [B,N,K] int32)."""
+        if self.fused_topk is not None:
+            return self.fused_topk(self.lm_head(self.norm(hidden)).astype(ms.float32), self.d2t)
         values, draft_ids = ops.topk(self.logprobs(hidden), self.top_k, dim=-1, largest=True, sorted=True)
         draft_ids = draft_ids.astype(ms.int32)
         return values, draft_ids + ops.gather(self.d2t, draft_ids, 0)

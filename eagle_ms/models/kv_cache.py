@@ -11,7 +11,7 @@ layout (one Transpose kernel per K and per V per layer saved when N > 1).
 Worked example: B=1, Hkv=2, S=8, slots=[5, 6] -> rows [5, 13, 6, 14] (slot 5 of heads 0, 1, then slot 6).
 
 Attention reads slots [0, W) of every head with one ``Gather`` of the rows ``window_rows`` (constant per
-graph). It copies the W slots read; a reshape of the whole Parameter to [B, Hkv, S, D] is NOT free on
+graph), or, with the fused CPU kernels, in place (``cpu_kernels.window_attention_op`` over ``write``'s outputs). It copies the W slots read; a reshape of the whole Parameter to [B, Hkv, S, D] is NOT free on
 CPU (MindSpore copies a reshaped Parameter: all S slots, every layer, every call).
 
 Which slots a call may write (the branch region) and when they count as committed is host bookkeeping:
@@ -70,12 +70,18 @@ class KVCache(nn.Cell):
         reads; reshaping the whole Parameter instead would copy all S slots.
         """
         d = self.head_dim
-        k_all = self.scatter(self.k_cache, rows, k.reshape(-1, d).astype(self.k_cache.dtype))
-        v_all = self.scatter(self.v_cache, rows, v.reshape(-1, d).astype(self.v_cache.dtype))
+        k_all, v_all = self.write(k, v, rows)
         w = self.capacity if width is None else width
         window = window_rows(self.batch, self.num_kv_heads, self.capacity, w)  # constant, folded
         shape = (self.batch, self.num_kv_heads, w, d)
         return ops.gather(k_all, window, 0).reshape(shape), ops.gather(v_all, window, 0).reshape(shape)
+
+    def write(self, k, v, rows):
+        """Write k, v [B, N, Hkv, D] at flat ``rows`` [B*N*Hkv]; return the updated caches [B*Hkv*S, D] (the
+        scatters' outputs: reading them orders every read after the write, without a copy)."""
+        d = self.head_dim
+        return (self.scatter(self.k_cache, rows, k.reshape(-1, d).astype(self.k_cache.dtype)),
+                self.scatter(self.v_cache, rows, v.reshape(-1, d).astype(self.v_cache.dtype)))
 
     def move(self, src_rows, dst_rows):
         """Copy rows ``src_rows`` to ``dst_rows`` (both [K] int32) in K and V; gathers happen first.

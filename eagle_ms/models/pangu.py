@@ -32,7 +32,12 @@ from eagle_ms.models.layers import DTYPES, MLP, Linear, RMSNorm, Rotary
 
 
 class DecoderLayer(nn.Cell):
-    """Pre-norm decoder layer: x + attn(norm(x)); then + mlp(norm(.))."""
+    """Pre-norm decoder layer: x + attn(norm(x)); then + mlp(norm(.)).
+
+    ``construct`` takes the input norm already applied and leaves the MLP residual add to the caller:
+    the next layer's ``input_layernorm.residual`` (or the final norm's) adds it and norms the sum in one
+    kernel with the 'cpu' kernels (``PanguForCausalLM.hidden_states``).
+    """
 
     def __init__(self, cfg: ModelConfig, batch: int, capacity: int, backend: str, kernels: str):
         super().__init__()
@@ -44,13 +49,15 @@ class DecoderLayer(nn.Cell):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dt, kernels)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, dt, kernels)
 
-    def construct(self, x, cos, sin, rows, mask):
-        attn = self.self_attn.o_proj.product(self.self_attn.attend(self.input_layernorm(x), cos, sin, rows, mask))
+    def construct(self, x, normed, cos, sin, rows, mask):
+        """x [B,N,H] entering the layer, normed = input_layernorm(x) -> (x + attn, mlp out) [B,N,H] each: the
+        layer's output is their sum."""
+        attn = self.self_attn.o_proj.product(self.self_attn.attend(normed, cos, sin, rows, mask))
         if self.self_attn.o_proj.has_bias:
             x, h = self.post_attention_layernorm.residual(x, attn, self.self_attn.o_proj.bias)
         else:
             x, h = self.post_attention_layernorm.residual(x, attn)
-        return x + self.mlp(h)
+        return x, self.mlp(h)
 
 
 class PanguModel(nn.Cell):
@@ -84,6 +91,7 @@ class PanguForCausalLM(nn.Cell):
         self.rotary = Rotary(cfg.head_dim, cfg.rope_theta)
         self.mask_backend = self.model.layers[0].self_attn.attn
         self.aux_flags = tuple(i in cfg.aux_layer_ids for i in range(cfg.num_hidden_layers))
+        self.num_layers = cfg.num_hidden_layers
         self.matmul_t = ops.MatMul(transpose_b=True)
 
     def caches(self) -> nn.CellList:
@@ -108,11 +116,18 @@ class PanguForCausalLM(nn.Cell):
         cos, sin = self.model.layers[0].self_attn.head_tables(*self.rotary(position_ids))  # shared by all layers
         mask = self.mask_backend.prepare_mask(attn_mask)
         aux = ()
-        for i, layer in enumerate(self.model.layers):
+        layers = self.model.layers
+        normed = layers[0].input_layernorm(x)
+        for i, layer in enumerate(layers):
             if self.aux_flags[i]:
                 aux = aux + (x,)
-            x = layer(x, cos, sin, rows, mask)
-        return self.model.norm(x), ops.concat(aux, axis=-1)
+            x, delta = layer(x, normed, cos, sin, rows, mask)
+            # the MLP residual add and the next norm in one step (DecoderLayer doc)
+            if i + 1 < self.num_layers:
+                x, normed = layers[i + 1].input_layernorm.residual(x, delta)
+            else:
+                x, normed = self.model.norm.residual(x, delta)
+        return normed, ops.concat(aux, axis=-1)
 
     def lm_logits(self, hidden):
         """hidden [B,N,H] (final-norm) -> logits [B,N,V] fp32 through the (possibly tied) lm_head."""
