@@ -60,3 +60,12 @@ def test_each_teacher_layer_runs_five_fused_kernels(profile):
     ops = res["verify"]["op_types"]
     assert ops["Custom"]["kernels"] == 5 * cfg.model.num_hidden_layers + 1
     assert not {"Softmax", "Rsqrt", "SiLU", "ReduceMean", "BatchMatMul"} & set(ops)
+
+
+def test_draft_tree_bookkeeping_is_one_kernel_per_depth(profile):
+    """With the fused CPU kernels the tree's growth, rerank and tensors are TreeStart, one TreeGrow per
+    expansion depth and TreeFinish (eagle_ms/models/tree_kernels.py): none of the composite form's
+    pairwise-ranking, cumulative-sum or any-reductions is left in the draft tree graph."""
+    _, res = profile
+    ops = res["draft_tree"]["op_types"]
+    assert not {"CumSum", "ReduceAny", "ReduceSum", "FloorDiv", "GatherD", "Equal", "Select"} & set(ops), {o: c["kernels"] for o, c in ops.items()}

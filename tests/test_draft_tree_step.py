@@ -29,6 +29,7 @@ from eagle_ms.eagle3_drafter import Eagle3Drafter, scratch_size
 from eagle_ms.models.draft_tree_step import DraftTreeStep, result_width, token_columns
 from eagle_ms.models.eagle3 import Eagle3Config, Eagle3Draft
 from eagle_ms.models.tree_graph import TreeGrowth, stable_rank
+from eagle_ms.models.tree_kernels import KernelTreeGrowth
 from eagle_ms.tree import chain_first
 from eagle_ms.tree_checks import check_invariants
 
@@ -157,9 +158,9 @@ class Setup:
     path. Sharing the Cell keeps the compiled graphs few; the host path still starts from the state before
     the device step, so the device's extend is checked against the host's (tree and cache bytes)."""
 
-    def __init__(self):
+    def __init__(self, kernels="composite"):
         self.embed = np.random.default_rng(6).standard_normal((CFG.vocab_size, CFG.hidden_size)).astype(np.float32)
-        self.draft = Eagle3Draft(CFG, 1, CAP, TOP_K)
+        self.draft = Eagle3Draft(CFG, 1, CAP, TOP_K, kernels=kernels)
         self.cache = self.draft.midlayer.self_attn.kv_cache
         self.state_params = [self.cache.k_cache, self.cache.v_cache] + [
             p for _, p in self.draft.root_pair.parameters_and_names()]
@@ -195,6 +196,12 @@ class Setup:
 @pytest.fixture(scope="module")
 def setup():
     return Setup()
+
+
+@pytest.fixture(scope="module")
+def kernel_setup():
+    """The same draft with the fused CPU kernels: its tree step grows the tree with KernelTreeGrowth."""
+    return Setup(kernels="cpu")
 
 
 def drive(setup, host, device, seed, events, prompt_len=13, check_reference=False, run_dir=None):
@@ -277,6 +284,23 @@ def test_exact_log_prob_ties(setup):
     finally:
         setup.load(tied=False)
     assert sum(sibling_ties(t) for t in trees) > len(trees), "the ties did not reach the trees"
+
+
+@pytest.mark.parametrize("case", ["M32-D12-k2-draft_window5", "M4-D4-k1-min_path_prob"])
+def test_device_tree_with_the_cpu_kernels_equals_host_path(kernel_setup, case):
+    """The whole draft graph with the fused CPU kernels (layers and tree bookkeeping) against the host
+    path over the same draft Cell; exact log-prob ties included on the deep case."""
+    params = CASES[case][0]
+    host, device = kernel_setup.drafters(case)
+    drive(kernel_setup, host, device, seed=len(case) + 1, events=events_for(params.max_depth))
+    if params.max_depth == 12:
+        kernel_setup.load(tied=True)
+        try:
+            trees = drive(kernel_setup, host, device, seed=78, events=events_for(params.max_depth))
+        finally:
+            kernel_setup.load(tied=False)
+        assert sum(sibling_ties(t) for t in trees) > len(trees), "the ties did not reach the trees"
+    assert all(isinstance(g.growth, KernelTreeGrowth) for g in device.steps.values())
 
 
 def sibling_ties(tree: HostTree) -> int:

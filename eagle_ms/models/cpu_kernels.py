@@ -3,7 +3,8 @@ over the cache window, the draft's log-softmax + top-K) as MindSpore ``ops.Custo
 
 On MindSpore's CPU runtime every launched kernel costs a fixed 5-19 µs whatever it computes
 (docs/teacher_profile.md §"The dispatch floor"), and the layers' norms, SwiGLU and RoPE are chains of
-small elementwise kernels. ``cpu_kernels.cc`` (next to this file) does each chain in one kernel. The
+small elementwise kernels. ``cpu_kernels.cc`` (next to this file) does each chain in one kernel;
+``tree_kernels.cc`` does the draft tree's bookkeeping (eagle_ms/models/tree_kernels.py). The
 layers use them when built with ``kernels="cpu"`` (``choose_kernels``); ``"composite"`` is the plain
 MindSpore form, which training (no backward is defined for these operators), feature extraction and every
 non-CPU device run; the kernels are checked against it and against NumPy in tests/test_cpu_kernels.py.
@@ -25,7 +26,8 @@ from eagle_ms.config import KERNELS
 from eagle_ms.files import atomic_write
 
 ENV_KERNEL_DIR = "EAGLE_MS_KERNEL_DIR"
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_kernels.cc")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCES = (os.path.join(_HERE, "cpu_kernels.cc"), os.path.join(_HERE, "tree_kernels.cc"))  # one library
 # -fno-trapping-math lets selects vectorise (no FP exception is ever observed); no -ffast-math: the code
 # itself decides the order of every sum
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-ffp-contract=off", "-fno-trapping-math")
@@ -53,8 +55,10 @@ def library_path() -> str:
     """The compiled kernel library, building it on first use. RuntimeError (with the compiler's output)
     when no compiler is found or the build fails."""
     compiler = os.environ.get("CXX", "g++")
-    with open(SOURCE, "rb") as f:
-        source = f.read()
+    source = b""
+    for name in SOURCES:
+        with open(name, "rb") as f:
+            source += f.read()
     # -march=native: the library fits this CPU only, so its identity is part of the name (a home directory
     # shared by the nodes of a cluster keeps one library per CPU model)
     digest = hashlib.sha256(source + " ".join((compiler, _cpu_identity()) + FLAGS).encode()).hexdigest()[:16]
@@ -88,9 +92,9 @@ def _build(compiler: str, folder: str, path: str) -> None:
     os.makedirs(folder, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder) as scratch:
         built = os.path.join(scratch, "cpu_kernels.so")
-        done = subprocess.run([compiler, *FLAGS, "-o", built, SOURCE], capture_output=True, text=True)
+        done = subprocess.run([compiler, *FLAGS, "-o", built, *SOURCES], capture_output=True, text=True)
         if done.returncode != 0:
-            raise RuntimeError(f"building {SOURCE} with {compiler} failed:\n{done.stderr.strip()}")
+            raise RuntimeError(f"building {' and '.join(SOURCES)} with {compiler} failed:\n{done.stderr.strip()}")
         with open(built, "rb") as f:
             library = f.read()
     atomic_write(path, lambda handle: handle.write(library), binary=True)
@@ -148,3 +152,44 @@ def rope_split_op(num_heads: int, num_kv_heads: int):
         return ([b, num_heads, n, d], [b, n, num_kv_heads, d], [b, n, num_kv_heads, d])
 
     return _custom("RopeSplit", shapes, lambda qkv, bias, cos, sin: (qkv, qkv, qkv))
+
+
+def tree_start_op():
+    """(root_logprob [B,K] f32, root_ids [B,K] i32, layout [k,C] i32 (shape only)) -> the candidate tables after
+    depth 1 (scores [B,C] f32, ints [B,3,C] i32) and the frontier (scores [B,k] f32, ids [B,k] i32, tokens
+    [B,k] i32). Sizes travel in input shapes: MindSpore caches inferred output shapes by input shapes."""
+    import mindspore as ms
+
+    def shapes(lp, ids, layout):
+        b, (k, c) = lp[0], layout
+        return [b, c], [b, 3, c], [b, k], [b, k], [b, k]
+
+    return _custom("TreeStart", shapes, lambda *_: (ms.float32, ms.int32, ms.float32, ms.int32, ms.int32))
+
+
+def tree_grow_op():
+    """(scores [B,C], ints [B,3,C], front_scores [B,k], front_ids [B,k], logprob [B,k,K], target_ids [B,k,K],
+    first [1] i32, cut [1] f32) -> (scores, ints, front_scores, front_ids, front_tokens [B,k] i32,
+    parent_rows [B,k] i32): one expansion depth (tree_kernels.cc ``TreeGrow``)."""
+    import mindspore as ms
+
+    def shapes(s, ints, fs, fid, lp, ids, first, cut):
+        return s, ints, fs, fid, fid, fid
+
+    return _custom("TreeGrow", shapes, lambda *_: (ms.float32, ms.int32, ms.float32, ms.int32, ms.int32, ms.int32))
+
+
+def tree_finish_op():
+    """(scores [B,C], ints [B,3,C], root_token [B] i32, committed_len [B] i32, layout [D+1,N] i32 (shape
+    only)) -> the 12 tree tensors of ``TreeGrowth.finish`` (N = M + 1, P = M; tree_kernels.cc
+    ``TreeFinish``)."""
+    import mindspore as ms
+
+    def shapes(s, ints, root, length, layout):
+        b, (levels, n) = s[0], layout
+        return ([b, n], [b, n], [b, n], [b, n], [b, levels, n], [b, n], [b, n], [b, n, n], [b, n - 1, levels],
+                [b, n - 1], [b], [b, n])
+
+    i32, flag = ms.int32, ms.bool_
+    return _custom("TreeFinish", shapes, lambda *_: (i32, i32, i32, flag, i32, i32, i32, flag, i32, i32, i32,
+                                                     ms.float32))

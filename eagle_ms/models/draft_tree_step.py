@@ -26,6 +26,8 @@ In the graph (the draft-cache layout of eagle_ms/eagle3_drafter.py: scratch [0, 
      parent's hidden (depth 1: the root pair's), position L'-1+t, scratch slot (t-1)k + r; it sees pairs
      [max(L'-w, 0), L'), its ancestors' scratch slots and itself), then ``TreeGrowth.grow``.
   4. ``TreeGrowth.finish``: rerank to M, chain-first node ids, the tree tensors.
+With the fused CPU kernels (``Eagle3Draft.kernels`` 'cpu') ``KernelTreeGrowth`` (eagle_ms/models/
+tree_kernels.py) does steps 3-4's bookkeeping in one kernel per depth plus one, with the same outputs.
 Worked example (X = 24, L = 10, A = 2, D = 4): extend rows 0..2 write slots 34, 35, 36 (positions 10..12),
 rows 3, 4 write scratch slots 3, 4; L' = 13; depth-2 row 1 writes scratch slot k + 1 at position 13.
 
@@ -43,6 +45,7 @@ from mindspore import Tensor, nn, ops
 from eagle_ms.models.eagle3 import Eagle3Draft
 from eagle_ms.models.kv_cache import flat_rows
 from eagle_ms.models.tree_graph import TreeGrowth
+from eagle_ms.models.tree_kernels import KernelTreeGrowth
 
 OUTPUT_NAMES = ("tokens", "parent", "depth", "valid", "ancestors", "position_ids", "cache_slots", "tree_mask",
                 "paths", "path_lengths", "num_paths", "scores")
@@ -84,7 +87,10 @@ class DraftTreeStep(nn.Cell):
             raise ValueError(f"config key 'speculative.draft_window' = {context_window}: must be >= 1 or null")
         self.draft, self.window, self.context_window = draft, window, context_window
         self.width = self.scratch + window  # mask width: slots [0, X + W)
-        self.growth = TreeGrowth(params.budget, self.d, self.k, params.min_path_prob)
+        # the tree bookkeeping: one CPU kernel per depth + one for the rerank and tensors with the fused
+        # kernels (eagle_ms/models/tree_kernels.py), else the composite ops (same outputs)
+        growth = KernelTreeGrowth if draft.kernels == "cpu" else TreeGrowth
+        self.growth = growth(params.budget, self.d, self.k, params.min_path_prob)
         self.rows = Tensor(np.arange(self.d + 1, dtype=np.int32)[None])       # [1, D+1] extend rows
         self.depth_offsets = Tensor(np.arange(self.d - 1, dtype=np.int32)[None])  # [1, D-1]: depth t -> t-1
         self.columns = Tensor(np.arange(self.width, dtype=np.int32))          # [X+W] cache slots read

@@ -190,6 +190,7 @@ class Eagle3Draft(nn.Cell):
         dt = DTYPES[compute_dtype]
         self.config = cfg
         self.batch, self.capacity, self.top_k, self.backend = batch, capacity, top_k, backend
+        self.kernels = kernels
         self.compute_dtype = compute_dtype
         h = cfg.hidden_size
         self.embed_tokens = nn.Cell()
