@@ -28,7 +28,7 @@ HEADS, KV_HEADS, HEAD_DIM, CAPACITY = 4, 2, 64, 2048
 
 
 class CacheAttention(nn.Cell):
-    """construct(q [1,Hq,N,D], k, v [1,N,Hkv,D], slots [1,N] int32, mask [1,1,1,N,W]) -> [1,N,Hq*D]: the sum
+    """construct(q [1,Hq,N,D], k, v [1,N,Hkv,D], slots [1,N] int32, mask [1,N,W] bool) -> [1,N,Hq*D]: the sum
     over ``layers`` caches of the attention after writing k, v at ``slots``."""
 
     def __init__(self, layers: int, in_place: bool):
@@ -60,7 +60,7 @@ def inputs(n: int, window: int):
             Tensor(rng.standard_normal((1, n, KV_HEADS, HEAD_DIM)).astype(np.float32)),
             Tensor(rng.standard_normal((1, n, KV_HEADS, HEAD_DIM)).astype(np.float32)),
             Tensor((context + np.arange(n)).reshape(1, n).astype(np.int32)),
-            Tensor(np.where(allowed, 0.0, -1e30).astype(np.float32).reshape(1, 1, 1, n, window)))
+            Tensor(allowed))  # bool: over_cache reads it as is, the gathered form converts it
 
 
 def main():

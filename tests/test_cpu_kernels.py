@@ -1,6 +1,6 @@
 """The fused CPU kernels (eagle_ms/models/cpu_kernels.cc) against NumPy float64 references written here.
 
-Covers each kernel through a compiled MindSpore graph (RmsNorm with one and two weight rows, AddRmsNorm,
+Covers each kernel through a compiled MindSpore graph (RmsNorm, EmbedPairNorm, AddRmsNorm,
 SiluMul over extreme inputs, RopeSplit with a position per row and one shared position, with and without
 bias, MaskedSoftmax with grouped query rows and masked slots that must come out exactly 0, WindowAttention
 over a cache window in place, row by row, LogSoftmaxTopK with ties); a teacher built
@@ -52,14 +52,28 @@ def close(actual, expected, rtol=2e-6):
     assert err < rtol, f"relative error {err:.3e}"
 
 
-def test_rms_norm_one_and_two_weight_rows():
+def test_rms_norm():
     x = RNG.standard_normal((2, 5, 3, 40)) * 3
     w1 = 1 + RNG.standard_normal(40) * 0.3
     close(run(cpu_kernels.rms_norm_op(), x, w1, [1e-5]), np_rms(x, w1, 1e-5))
-    # G = 2: the draft's stacked [B, N, 2, H] input norms, row pairs alternate the weight rows
-    w2 = 1 + RNG.standard_normal((2, 40)) * 0.3
-    both = x[:, :, :2]
-    close(run(cpu_kernels.rms_norm_op(), both, w2.reshape(-1), [1e-6]), np_rms(both, w2, 1e-6))
+
+
+def test_embed_pair_norm_looks_up_and_norms_both_halves():
+    """[RmsNorm(table[id]) with w_embed, RmsNorm(feature) with w_feature] per row (NumPy float64); an id
+    outside the table is an error, not a read past it."""
+    table, feature = RNG.standard_normal((30, 24)) * 2, RNG.standard_normal((2, 3, 24))
+    w1, w2 = 1 + RNG.standard_normal(24) * 0.3, 1 + RNG.standard_normal(24) * 0.3
+    ids = np.array([[0, 29, 7], [7, 3, 3]], np.int32)
+    op = cpu_kernels.embed_pair_norm_op()
+
+    def call(token_ids):
+        floats = [Tensor(np.asarray(a, np.float32)) for a in (feature, w1, w2, [1e-5])]
+        return Call(op)(Tensor(table.astype(np.float32)), Tensor(token_ids), *floats).asnumpy()
+
+    want = np.concatenate([np_rms(table[ids], w1, 1e-5), np_rms(feature, w2, 1e-5)], -1)
+    close(call(ids), want)
+    with pytest.raises(RuntimeError, match="is 3"):
+        call(np.array([[0, 30, 1], [1, 1, 1]], np.int32))
 
 
 def test_add_rms_norm():
@@ -135,6 +149,12 @@ def np_window_attention(q, k_cache, v_cache, hkv, allowed, scale):
     return np.einsum("bhnw,bhwd->bnhd", probs, values).reshape(b, n, hq * d)
 
 
+def run_masked(op, q, k_cache, v_cache, keep, scales):
+    """WindowAttention's call: the bool ``keep`` mask as is, every other input float32."""
+    floats = [Tensor(np.asarray(a, np.float32)) for a in (q, k_cache, v_cache)]
+    return Call(op)(*floats, Tensor(keep), Tensor(np.asarray(scales, np.float32))).asnumpy()
+
+
 def test_window_attention_reads_the_cache_window_in_place():
     """GQA (G = 2), B = 2, a window W < S, random masks: == NumPy float64; a row's result does not depend on
     the other rows or on slots beyond the kept ones (bitwise: the same row alone, wider window)."""
@@ -145,12 +165,11 @@ def test_window_attention_reads_the_cache_window_in_place():
     allowed = RNG.random((b, n, w)) < 0.5
     allowed[:, np.arange(n), np.arange(n)] = True  # every row keeps a slot
     scale = 1 / np.sqrt(d)
-    mask = np.where(allowed, 0.0, -1e30).reshape(b, 1, 1, n, w)
     op = cpu_kernels.window_attention_op()
-    got = run(op, q, k_cache, v_cache, mask, [scale] * hkv)
+    got = run_masked(op, q, k_cache, v_cache, allowed, [scale] * hkv)
     close(got, np_window_attention(q, k_cache, v_cache, hkv, allowed, scale))
     wider = np.concatenate([allowed, np.zeros((b, n, s - w), bool)], -1)  # same kept slots, window S
-    alone = run(op, q[:, :, 2:3], k_cache, v_cache, np.where(wider[:, 2:3], 0.0, -1e30), [scale] * hkv)
+    alone = run_masked(op, q[:, :, 2:3], k_cache, v_cache, wider[:, 2:3], [scale] * hkv)
     np.testing.assert_array_equal(alone[:, 0], got[:, 2])
 
 

@@ -56,6 +56,15 @@ class EagerAttention(nn.Cell):
         self.kv_head_scales = Tensor(np.full(num_kv_heads, self.scale, np.float32))  # its length tells the kernel Hkv
 
     def prepare_mask(self, allowed):
+        """allowed [B, N, S] bool -> the mask the layers get: with the 'cpu' kernels ``allowed`` itself
+        (``over_cache`` reads it as is, so no kernel converts it; ``construct`` converts it when a layer
+        attends without the cache), else ``additive(allowed)``."""
+        if self.window_attention is not None:
+            return allowed
+        return self.additive(allowed)
+
+    @staticmethod
+    def additive(allowed):
         """allowed [B, N, S] bool -> additive fp32 mask [B, 1, 1, N, S] (0 keep, NEG_INF drop)."""
         # (1 - keep) * NEG_INF, not one ops.where(allowed, 0, NEG_INF): that form segfaulted MindSpore 2.9's
         # compile of the teacher training graph (tests/test_teacher_lm.py); the cause was not investigated
@@ -65,6 +74,8 @@ class EagerAttention(nn.Cell):
 
     def construct(self, q, k, v, mask):
         """q [B, Hq, N, D]; k, v [B, Hkv, S, D]; mask from prepare_mask -> out [B, N, Hq*D]."""
+        if mask.dtype == ms.bool_:  # the 'cpu' kernels' prepare_mask leaves it bool (dtype: static in a graph)
+            mask = self.additive(mask)
         b, _, n, d = q.shape
         s = k.shape[2]
         qg = q.reshape(b, self.num_kv_heads, self.groups * n, d)  # [B, Hkv, G*N, D]
@@ -82,7 +93,7 @@ class EagerAttention(nn.Cell):
 
     def over_cache(self, q, k_cache, v_cache, mask):
         """With the 'cpu' kernels only: q [B, Hq, N, D]; k_cache, v_cache the flat caches [B*Hkv*S, D]
-        (``KVCache.write``); mask from prepare_mask [B,1,1,N,W] -> out [B, N, Hq*D] over slots [0, W)."""
+        (``KVCache.write``); mask from prepare_mask (bool [B, N, W]) -> out [B, N, Hq*D] over slots [0, W)."""
         return self.window_attention(q, k_cache, v_cache, mask, self.kv_head_scales)
 
 

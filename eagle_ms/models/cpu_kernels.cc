@@ -10,8 +10,9 @@
 // polynomial ``exp_approx`` below (relative error ~2e-7, exactly 0 where fp32 exp underflows).
 //
 // Calling convention (MindSpore AOT, CPU): params holds the inputs, then the outputs; ndims/shapes/dtypes
-// describe each. Every tensor is float32 and contiguous (row-major). A non-zero return makes MindSpore
-// raise: 1 = wrong number of tensors, 2 = a tensor is not float32, 3 = inconsistent shapes.
+// describe each. Every tensor is contiguous (row-major) and float32 unless its kernel says otherwise. A
+// non-zero return makes MindSpore raise: 1 = wrong number of tensors, 2 = a wrong dtype, 3 = inconsistent
+// shapes.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -77,23 +78,49 @@ void rms_norm_row(const float *x, const float *w, float eps, int64_t h, float *y
 
 }  // namespace
 
-// RmsNorm(x [..., H], w [G*H], eps [1]) -> y like x.
-// y = x * (1 / sqrt(mean(x^2 over H) + eps)) * w_g, where row r (of the rows of length H) uses weight row
-// g = r % G: G = 1 is one norm; G = 2 is the draft's two input norms over the stacked [B, N, 2, H].
+// RmsNorm(x [..., H], w [H], eps [1]) -> y like x: y = x * (1 / sqrt(mean(x^2 over H) + eps)) * w per row.
 extern "C" int RmsNorm(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                        void *, void *) {
   if (nparam != 4) return 1;
   if (!all_float32(nparam, dtypes)) return 2;
   const int64_t h = shapes[0][ndims[0] - 1];
-  const int64_t weights = count(ndims[1], shapes[1]);
-  if (h <= 0 || weights % h != 0) return 3;
-  const int64_t groups = weights / h;
+  if (h <= 0 || count(ndims[1], shapes[1]) != h) return 3;
   const int64_t rows = count(ndims[0], shapes[0]) / h;
   const float *x = static_cast<const float *>(params[0]);
   const float *w = static_cast<const float *>(params[1]);
   const float eps = *static_cast<const float *>(params[2]);
   float *y = static_cast<float *>(params[3]);
-  for (int64_t r = 0; r < rows; ++r) rms_norm_row(x + r * h, w + (r % groups) * h, eps, h, y + r * h);
+  for (int64_t r = 0; r < rows; ++r) rms_norm_row(x + r * h, w, eps, h, y + r * h);
+  return 0;
+}
+
+// EmbedPairNorm(table [V, H], ids [B, N] int32, feature [B, N, H], w_embed [H], w_feature [H], eps [1])
+//   -> y [B, N, 2H]: row (b, n) is RmsNorm(table[ids[b, n]]) with w_embed, then RmsNorm(feature[b, n]) with
+// w_feature (the EAGLE-3 draft's input: the embedding lookup and its two input norms, each row normed as
+// RmsNorm does). An id outside [0, V) is an error (return 3).
+extern "C" int EmbedPairNorm(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                             void *, void *) {
+  if (nparam != 7) return 1;
+  for (int i = 0; i < nparam; ++i) {
+    if (std::strcmp(dtypes[i], i == 1 ? "int32" : "float32") != 0) return 2;
+  }
+  if (ndims[0] != 2) return 3;
+  const int64_t vocab = shapes[0][0], h = shapes[0][1], rows = count(ndims[1], shapes[1]);
+  if (h <= 0 || count(ndims[2], shapes[2]) != rows * h || count(ndims[3], shapes[3]) != h ||
+      count(ndims[4], shapes[4]) != h || count(ndims[6], shapes[6]) != rows * 2 * h)
+    return 3;
+  const float *table = static_cast<const float *>(params[0]);
+  const int32_t *ids = static_cast<const int32_t *>(params[1]);
+  const float *feature = static_cast<const float *>(params[2]);
+  const float *w_embed = static_cast<const float *>(params[3]);
+  const float *w_feature = static_cast<const float *>(params[4]);
+  const float eps = *static_cast<const float *>(params[5]);
+  float *y = static_cast<float *>(params[6]);
+  for (int64_t r = 0; r < rows; ++r) {
+    if (ids[r] < 0 || ids[r] >= vocab) return 3;
+    rms_norm_row(table + ids[r] * h, w_embed, eps, h, y + r * 2 * h);
+    rms_norm_row(feature + r * h, w_feature, eps, h, y + r * 2 * h + h);
+  }
   return 0;
 }
 
@@ -244,14 +271,15 @@ extern "C" int MaskedSoftmax(int nparam, void **params, int *ndims, int64_t **sh
   return 0;
 }
 
-// WindowAttention(q [B, Hq, N, D], k_cache [B*Hkv*S, D], v_cache [B*Hkv*S, D], mask [B, N, W] (any shape of
-//   B*N*W values), scale [Hkv]) -> out [B, N, Hq*D].
+// WindowAttention(q [B, Hq, N, D], k_cache [B*Hkv*S, D], v_cache [B*Hkv*S, D], keep [B, N, W] bool (any shape
+//   of B*N*W values), scale [Hkv]) -> out [B, N, Hq*D].
 // Attention of each query row over cache slots [0, W) of its KV head, read in place from the flat cache
 // (eagle_ms/models/kv_cache.py: row (b*Hkv + h)*S + slot), so the window is never gathered. Query head
 // qh = h*G + g uses KV head h (G = Hq/Hkv). scale holds the score scale once per KV head (its length gives
-// Hkv). The mask is additive (0 keep, -1e30 drop: eagle_ms/models/attention.py); a slot whose mask value
-// is <= -1e29 is dropped: probability exactly 0 (its value vector is weighted by 0: it adds exactly +0 for
-// the finite values a cache holds). Every row keeps at least one slot (the callers' contract).
+// Hkv). ``keep`` is the models' bool mask itself (eagle_ms/models/attention.py: True = the row may attend to
+// the slot), so no additive mask is built; a dropped slot gets probability exactly 0 (its value vector is
+// weighted by 0: it adds exactly +0 for the finite values a cache holds). Every row keeps at least one slot
+// (the callers' contract).
 // Each row's arithmetic is fixed: its scores are sequential sums over D, its softmax and its value sum run
 // over its kept slots in ascending order. So a row's result does not depend on N, on the other rows or on
 // the window's dropped slots (tests/test_cpu_kernels.py checks this bitwise).
@@ -296,22 +324,22 @@ void block_scores(const float *const *qr, const float *keys_t, int64_t d, int64_
   }
 }
 
-// One row of scores -> its probabilities in place over slots [0, used): softmax of score*scale + mask over
-// the kept slots (ascending order), exactly 0 at the dropped ones.
-void row_probabilities(float *p, const float *m, float scale, int64_t used, float dropped) {
+// One row of scores -> its probabilities in place over slots [0, used): softmax of score*scale over the
+// kept slots (keep[j] != 0, ascending order), exactly 0 at the dropped ones.
+void row_probabilities(float *p, const uint8_t *keep, float scale, int64_t used) {
   float top = -INFINITY;
   for (int64_t j = 0; j < used; ++j) {
-    if (m[j] <= dropped) continue;
-    p[j] = p[j] * scale + m[j];
+    if (!keep[j]) continue;
+    p[j] = p[j] * scale;
     top = p[j] > top ? p[j] : top;
   }
   float total = 0.0f;
   for (int64_t j = 0; j < used; ++j) {
-    if (m[j] <= dropped) continue;
+    if (!keep[j]) continue;
     p[j] = exp_approx(p[j] - top);
     total += p[j];
   }
-  for (int64_t j = 0; j < used; ++j) p[j] = m[j] <= dropped ? 0.0f : p[j] / total;
+  for (int64_t j = 0; j < used; ++j) p[j] = keep[j] ? p[j] / total : 0.0f;
 }
 
 // For the kRowBlock rows of probabilities p (rows ``padded`` apart): out[r][e] = sum over j in [0, used) (in
@@ -347,7 +375,9 @@ void block_values(const float *p, int64_t padded, const float *values, int64_t d
 extern "C" int WindowAttention(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                                void *, void *) {
   if (nparam != 6) return 1;
-  if (!all_float32(nparam, dtypes)) return 2;
+  for (int i = 0; i < nparam; ++i) {
+    if (std::strcmp(dtypes[i], i == 3 ? "bool" : "float32") != 0) return 2;
+  }
   if (ndims[0] != 4 || ndims[1] != 2 || ndims[2] != 2 || ndims[4] != 1 || ndims[3] < 1) return 3;
   const int64_t b = shapes[0][0], hq = shapes[0][1], n = shapes[0][2], d = shapes[0][3];
   const int64_t hkv = shapes[4][0], cache_rows = shapes[1][0], w = shapes[3][ndims[3] - 1];
@@ -360,17 +390,16 @@ extern "C" int WindowAttention(int nparam, void **params, int *ndims, int64_t **
   const float *q = static_cast<const float *>(params[0]);
   const float *k_cache = static_cast<const float *>(params[1]);
   const float *v_cache = static_cast<const float *>(params[2]);
-  const float *mask = static_cast<const float *>(params[3]);
+  const uint8_t *mask = static_cast<const uint8_t *>(params[3]);
   const float *scales = static_cast<const float *>(params[4]);
   float *out = static_cast<float *>(params[5]);
-  constexpr float kDropped = -1e29f;
   std::vector<float> keys_t, p;
   std::vector<float> scratch(d);  // the output of a short block's padding rows
   for (int64_t bi = 0; bi < b; ++bi) {
-    const float *mb = mask + bi * n * w;
+    const uint8_t *mb = mask + bi * n * w;
     int64_t used = 0;  // J: 1 + the last slot a row of this batch element keeps
     for (int64_t i = 0; i < n * w; ++i) {
-      if (mb[i] > kDropped && i % w + 1 > used) used = i % w + 1;
+      if (mb[i] && i % w + 1 > used) used = i % w + 1;
     }
     const int64_t padded = (used + kSlotBlock - 1) / kSlotBlock * kSlotBlock;
     keys_t.assign(d * padded, 0.0f);
@@ -385,7 +414,7 @@ extern "C" int WindowAttention(int nparam, void **params, int *ndims, int64_t **
       for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
         const int64_t count_rows = rows - r0 < kRowBlock ? rows - r0 : kRowBlock;
         const float *qr[kRowBlock];
-        const float *m[kRowBlock];
+        const uint8_t *m[kRowBlock];
         float *dst[kRowBlock];
         for (int64_t r = 0; r < kRowBlock; ++r) {
           const int64_t i = r0 + (r < count_rows ? r : 0), head = h * groups + i / n, ni = i % n;
@@ -397,7 +426,7 @@ extern "C" int WindowAttention(int nparam, void **params, int *ndims, int64_t **
         for (int64_t r = 0; r < kRowBlock; ++r) {
           float *pr = p.data() + r * padded;
           if (r < count_rows) {
-            row_probabilities(pr, m[r], scales[h], used, kDropped);
+            row_probabilities(pr, m[r], scales[h], used);
           } else {
             std::fill(pr, pr + used, 0.0f);  // padding rows of a short block: weight 0, written to scratch
           }

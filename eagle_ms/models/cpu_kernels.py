@@ -1,5 +1,6 @@
-"""Fused CPU kernels (RMSNorm, residual add + RMSNorm, SwiGLU, RoPE + head split, masked softmax, attention
-over the cache window, the draft's log-softmax + top-K) as MindSpore ``ops.Custom`` AOT operators.
+"""Fused CPU kernels (RMSNorm, residual add + RMSNorm, the draft's embedding + input norms, SwiGLU, RoPE + head
+split, masked softmax, attention over the cache window, the draft's log-softmax + top-K, the draft tree's
+bookkeeping) as MindSpore ``ops.Custom`` AOT operators.
 
 On MindSpore's CPU runtime every launched kernel costs a fixed 5-19 µs whatever it computes
 (docs/teacher_profile.md §"The dispatch floor"), and the layers' norms, SwiGLU and RoPE are chains of
@@ -107,13 +108,20 @@ def _custom(function: str, out_shape, out_dtype):
 
 
 def rms_norm_op():
-    """(x [..., H], w [G*H], eps [1]) -> y like x: RMSNorm, row r of x normed with weight row r % G."""
+    """(x [..., H], w [H], eps [1]) -> y like x: RMSNorm per row."""
     return _custom("RmsNorm", lambda x, w, eps: x, lambda x, w, eps: x)
 
 
 def add_rms_norm_op():
     """(x [..., H], a [..., H], bias [H], w [H], eps [1]) -> (s = x + (a + bias), RmsNorm(s) with w)."""
     return _custom("AddRmsNorm", lambda x, a, bias, w, eps: (x, x), lambda x, a, bias, w, eps: (x, x))
+
+
+def embed_pair_norm_op():
+    """(table [V,H], ids [B,N] i32, feature [B,N,H], w_embed [H], w_feature [H], eps [1]) -> [B,N,2H]:
+    RmsNorm(table[ids]) with w_embed, then RmsNorm(feature) with w_feature, per row."""
+    return _custom("EmbedPairNorm", lambda table, ids, f, w1, w2, eps: [*f[:-1], 2 * f[-1]],
+                   lambda table, ids, f, w1, w2, eps: f)
 
 
 def masked_softmax_op():
@@ -123,9 +131,9 @@ def masked_softmax_op():
 
 
 def window_attention_op():
-    """(q [B,Hq,N,D], k_cache [B*Hkv*S,D], v_cache [B*Hkv*S,D], additive mask of B*N*W values ([B,1,1,N,W]),
-    scale [Hkv]) -> out [B,N,Hq*D]: attention over cache slots [0, W) read in place (``kv_cache``'s flat
-    layout); slots with mask <= -1e29 dropped exactly."""
+    """(q [B,Hq,N,D], k_cache [B*Hkv*S,D], v_cache [B*Hkv*S,D], keep [B,N,W] bool, scale [Hkv]) -> out
+    [B,N,Hq*D]: attention over cache slots [0, W) read in place (``kv_cache``'s flat layout); slots with keep
+    False dropped exactly."""
     return _custom("WindowAttention", lambda q, k, v, mask, scale: [q[0], q[2], q[1] * q[3]],
                    lambda q, k, v, mask, scale: q)
 
@@ -177,6 +185,12 @@ def tree_grow_op():
         return s, ints, fs, fid, fid, fid
 
     return _custom("TreeGrow", shapes, lambda *_: (ms.float32, ms.int32, ms.float32, ms.int32, ms.int32, ms.int32))
+
+
+def frontier_inputs_op():
+    """(hidden [B,k,H] f32, mask [B,k,W] bool, parent_rows [B,k] i32, own_first [1] i32) -> (features [B,k,H],
+    next_mask [B,k,W] bool): the next depth's features and masks (tree_kernels.cc ``FrontierInputs``)."""
+    return _custom("FrontierInputs", lambda hid, mask, rows, own: (hid, mask), lambda hid, mask, rows, own: (hid, mask))
 
 
 def tree_finish_op():

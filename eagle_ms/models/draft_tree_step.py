@@ -26,8 +26,11 @@ In the graph (the draft-cache layout of eagle_ms/eagle3_drafter.py: scratch [0, 
      parent's hidden (depth 1: the root pair's), position L'-1+t, scratch slot (t-1)k + r; it sees pairs
      [max(L'-w, 0), L'), its ancestors' scratch slots and itself), then ``TreeGrowth.grow``.
   4. ``TreeGrowth.finish``: rerank to M, chain-first node ids, the tree tensors.
+A depth's mask row is its parent row's plus its own scratch slot (the parent's row already holds the
+committed pairs and the parent's ancestors' slots), so each depth's inputs are two gathers and an or.
 With the fused CPU kernels (``Eagle3Draft.kernels`` 'cpu') ``KernelTreeGrowth`` (eagle_ms/models/
-tree_kernels.py) does steps 3-4's bookkeeping in one kernel per depth plus one, with the same outputs.
+tree_kernels.py) does steps 3-4's bookkeeping in one kernel per depth plus one, and ``FrontierInputs``
+a depth's inputs in one kernel, with the same outputs.
 Worked example (X = 24, L = 10, A = 2, D = 4): extend rows 0..2 write slots 34, 35, 36 (positions 10..12),
 rows 3, 4 write scratch slots 3, 4; L' = 13; depth-2 row 1 writes scratch slot k + 1 at position 13.
 
@@ -42,8 +45,10 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
+from eagle_ms.models import cpu_kernels
 from eagle_ms.models.eagle3 import Eagle3Draft
 from eagle_ms.models.kv_cache import flat_rows
+from eagle_ms.models.layers import fused_kernel
 from eagle_ms.models.tree_graph import TreeGrowth
 from eagle_ms.models.tree_kernels import KernelTreeGrowth
 
@@ -97,6 +102,8 @@ class DraftTreeStep(nn.Cell):
         # expansion at depth t, row r -> scratch slot (t-1)k + r: its mask column and its cache rows
         slots = [(t - 1) * self.k + np.arange(self.k) for t in range(1, self.d)]
         self.own = [Tensor((np.arange(self.width) == s[:, None])[None]) for s in slots]  # [1, k, X+W] bool
+        self.own_first = [Tensor(np.array([s[0]], np.int32)) for s in slots]  # [1]: depth t's first own column
+        self.frontier_kernel = fused_kernel(draft.kernels, cpu_kernels.frontier_inputs_op)
         heads, b = draft.config.num_key_value_heads, draft.batch
         self.cache_rows = [flat_rows(Tensor(np.tile(s[None], (b, 1)).astype(np.int32)), heads, draft.capacity)
                            for s in slots]                                    # [B*Hkv*k] int32 each
@@ -146,18 +153,24 @@ class DraftTreeStep(nn.Cell):
         b, k = hidden.shape[0], self.k
         state = self.growth.start(logprob, target_ids)
         feats = ops.broadcast_to(hidden[:, None, :], (b, k, hidden.shape[-1]))  # [B, k, H]
-        seen = ops.zeros((b, k, self.width), ms.bool_)                       # ancestors' scratch slots
         start = ops.broadcast_to(length.reshape(b, 1), (b, k))               # [B, k]
-        committed = self.visible(start)                                      # [B, k, X+W]
         tables = self.rotary_tables(length)
+        mask = self.visible(start) | self.own[0] if self.d > 1 else None     # [B, k, X+W]
         for depth in range(1, self.d):
-            mine = seen | self.own[depth - 1]
-            lp, ids, hid = self.expand(depth, self.growth.frontier_tokens(state), feats, tables[depth - 1],
-                                       committed | mine)
+            lp, ids, hid = self.expand(depth, self.growth.frontier_tokens(state), feats, tables[depth - 1], mask)
             state, parent_rows = self.growth.grow(state, depth, lp, ids)
-            feats = ops.gather(hid, parent_rows, 1, batch_dims=1)
-            seen = ops.gather(mine, parent_rows, 1, batch_dims=1)
+            if depth + 1 < self.d:
+                feats, mask = self.frontier_inputs(hid, mask, parent_rows, depth + 1)
         return self.growth.finish(state, length, token)
+
+    def frontier_inputs(self, hidden, mask, parent_rows, depth: int):
+        """The expand inputs of ``depth`` (>= 2) from depth-1's call: row r's feature is its parent row's
+        hidden [B, k, H]; its mask [B, k, X+W] is its parent row's (committed pairs, the parent's ancestors'
+        scratch slots and the parent's own) plus its own scratch slot."""
+        if self.frontier_kernel is not None:  # one kernel instead of two gathers and an or
+            return self.frontier_kernel(hidden, mask, parent_rows, self.own_first[depth - 1])
+        feats = ops.gather(hidden, parent_rows, 1, batch_dims=1)
+        return feats, ops.gather(mask, parent_rows, 1, batch_dims=1) | self.own[depth - 1]
 
     def rotary_tables(self, length):
         """The rotary head tables (cos, sin) of depths 1..D-1 (position L'-1+t, shared by the depth's k rows),
@@ -176,7 +189,7 @@ class DraftTreeStep(nn.Cell):
         rotary ``table`` (cos, sin))."""
         draft = self.draft
         cos, sin = table
-        hidden = draft.layer_rotated(tokens, feats.astype(draft.fc.weight.dtype), cos, sin, self.cache_rows[depth - 1],
-                                     mask)
-        logprob, ids = draft.topk(hidden)
+        hidden, normed = draft.layer_rotated(tokens, feats.astype(draft.fc.weight.dtype), cos, sin,
+                                             self.cache_rows[depth - 1], mask)
+        logprob, ids = draft.topk_normed(normed)
         return logprob, ids, hidden.astype(ms.float32)

@@ -116,24 +116,31 @@ class DraftMidLayer(nn.Cell):
                                          backend, dtype, kernels)  # q/k/v over the 2H concat, no bias
         self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps, dtype, kernels)
         self.mlp = MLP(h, cfg.intermediate_size, dtype, kernels)
-        self.stacked_norm = fused_kernel(kernels, cpu_kernels.rms_norm_op)  # both input norms, one kernel
+        # kernels 'cpu': the embedding lookup and both input norms in one kernel (cpu_kernels.EmbedPairNorm)
+        self.embed_pair_norm = fused_kernel(kernels, cpu_kernels.embed_pair_norm_op)
         self.eps_tensor = Tensor(np.array([cfg.rms_norm_eps], np.float32))
 
-    def construct(self, emb, feature, cos, sin, rows, mask):
-        """emb, feature [B,N,H] -> pre-norm output [B,N,H] (residual on the feature, not the embedding)."""
-        attn = self.self_attn(self.normed_inputs(emb, feature), cos, sin, rows, mask)  # o_proj has no bias
+    def construct(self, normed_in, feature, cos, sin, rows, mask):
+        """normed_in [B,N,2H] (``embedded_inputs``), feature [B,N,H] -> (h, mlp_out) [B,N,H] each: the layer's
+        pre-norm output is h + mlp_out (the residual is on the feature, not the embedding); the caller adds
+        them together with its final norm (``RMSNorm.residual``: one kernel with the 'cpu' kernels)."""
+        attn = self.self_attn(normed_in, cos, sin, rows, mask)  # o_proj has no bias
         h, normed = self.post_attention_layernorm.residual(feature, attn)
-        return h + self.mlp(normed)
+        return h, self.mlp(normed)
+
+    def embedded_inputs(self, table, input_ids, feature):
+        """concat(input_layernorm(table[input_ids]), hidden_norm(feature)) [B,N,2H]: with the 'cpu' kernels
+        one kernel (the lookup and both norms), else the gather and ``normed_inputs``."""
+        if self.embed_pair_norm is not None:
+            return self.embed_pair_norm(table, input_ids.astype(ms.int32), feature, self.input_layernorm.weight,
+                                        self.hidden_norm.weight, self.eps_tensor)
+        return self.normed_inputs(ops.gather(table, input_ids, 0).astype(feature.dtype), feature)
 
     def normed_inputs(self, emb, feature):
         """concat(input_layernorm(emb), hidden_norm(feature)) [B,N,2H], both norms in one pass over the
-        stacked [B,N,2,H] (``RMSNorm``'s math per half; 8 kernels instead of 13, once per draft step). Both
-        norms have the config's one ``rms_norm_eps`` (``DraftMidLayer.__init__``)."""
+        stacked [B,N,2,H] (``RMSNorm``'s math per half; 8 kernels instead of 13). Both norms have the
+        config's one ``rms_norm_eps`` (``DraftMidLayer.__init__``)."""
         b, n, h = emb.shape
-        if self.stacked_norm is not None:
-            weight = ops.concat((self.input_layernorm.weight, self.hidden_norm.weight))  # [2H]
-            both = ops.concat((emb, feature), axis=-1).reshape(b, n, 2, h)
-            return self.stacked_norm(both, weight, self.eps_tensor).reshape(b, n, 2 * h)
         both = ops.concat((emb, feature), axis=-1).astype(ms.float32).reshape(b, n, 2, h)
         var = ops.mean(both * both, axis=-1, keep_dims=True)
         normed = (both * ops.rsqrt(var + self.input_layernorm.eps)).reshape(b, n, 2 * h)
@@ -235,34 +242,33 @@ class Eagle3Draft(nn.Cell):
         The returned hidden is fp32 (exact for fp16/bf16 compute; cast back when fed in again).
         """
         rows = flat_rows(cache_slots, self.config.num_key_value_heads, self.capacity)
-        hidden = self.layer(input_ids, feature.astype(self.fc.weight.dtype), position_ids, rows, attn_mask)
-        logprob, ids = self.topk(hidden)
+        cos, sin = self.midlayer.self_attn.head_tables(*self.rotary(position_ids))
+        hidden, normed = self.layer_rotated(input_ids, feature.astype(self.fc.weight.dtype), cos, sin, rows,
+                                            attn_mask)
+        logprob, ids = self.topk_normed(normed)
         return logprob, ids, hidden.astype(ms.float32)
 
-    def layer(self, input_ids, feature, position_ids, rows, attn_mask):
-        """Pre-norm midlayer output [B,N,H]; ``rows=None`` runs cache-free (attn_mask [B,N,N])."""
-        cos, sin = self.midlayer.self_attn.head_tables(*self.rotary(position_ids))
-        return self.layer_rotated(input_ids, feature, cos, sin, rows, attn_mask)
-
     def layer_rotated(self, input_ids, feature, cos, sin, rows, attn_mask):
-        """``layer`` with the rotary head tables given (``CachedAttention.head_tables``: [B,N,Hq+2Hkv,D], or
-        [B,1,Hq+2Hkv,D] when every row has the same position: the tree step computes one per depth for all
-        depths at once)."""
-        emb = ops.gather(self.embed_tokens.weight, input_ids, 0).astype(feature.dtype)  # [B,N,H]
+        """(pre-norm midlayer output hidden [B,N,H], the final norm of it [B,N,H]) with the rotary head tables
+        given (``CachedAttention.head_tables``: [B,N,Hq+2Hkv,D], or [B,1,Hq+2Hkv,D] when every row has the
+        same position: the tree step computes one per depth for all depths at once)."""
         mask = self.mask_backend.prepare_mask(attn_mask)
-        return self.midlayer(emb, feature, cos, sin, rows, mask)
+        normed_in = self.midlayer.embedded_inputs(self.embed_tokens.weight, input_ids, feature)
+        h, mlp_out = self.midlayer(normed_in, feature, cos, sin, rows, mask)
+        return self.norm.residual(h, mlp_out)
 
     def logprobs(self, hidden):
         """hidden [B,N,H] -> log-softmax over the draft vocabulary [B,N,Vd] fp32."""
-        x = self.norm(hidden)
-        logits = self.lm_head(x).astype(ms.float32)  # [B,N,Vd]
-        return ops.log_softmax(logits, axis=-1)
+        return ops.log_softmax(self.lm_head(self.norm(hidden)).astype(ms.float32), axis=-1)  # [B,N,Vd]
 
-    def topk(self, hidden):
-        """hidden [B,N,H] -> (top-K log-probs [B,N,K] fp32 descending, their TARGET ids [B,N,K] int32)."""
+    def topk_normed(self, normed):
+        """normed [B,N,H] (the final norm's output) -> (top-K log-probs [B,N,K] fp32 descending, their TARGET
+        ids [B,N,K] int32)."""
+        logits = self.lm_head(normed).astype(ms.float32)  # [B,N,Vd]
         if self.fused_topk is not None:
-            return self.fused_topk(self.lm_head(self.norm(hidden)).astype(ms.float32), self.d2t)
-        values, draft_ids = ops.topk(self.logprobs(hidden), self.top_k, dim=-1, largest=True, sorted=True)
+            return self.fused_topk(logits, self.d2t)
+        values, draft_ids = ops.topk(ops.log_softmax(logits, axis=-1), self.top_k, dim=-1, largest=True,
+                                     sorted=True)
         draft_ids = draft_ids.astype(ms.int32)
         return values, draft_ids + ops.gather(self.d2t, draft_ids, 0)
 

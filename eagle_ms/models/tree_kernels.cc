@@ -160,6 +160,41 @@ extern "C" int TreeGrow(int nparam, void **params, int *ndims, int64_t **shapes,
   return 0;
 }
 
+// FrontierInputs(hidden [B, k, H] f32, mask [B, k, W] bool, parent_rows [B, k] i32, own_first [1] i32)
+//   -> (features [B, k, H] f32, next_mask [B, k, W] bool).
+// The next depth's expand inputs from this depth's: row r's feature is hidden[parent_rows[r]] (its parent's
+// draft hidden state) and its mask is the parent's mask row plus its own scratch slot, column own_first + r
+// (the parent's row holds the committed pairs, the parent's ancestors' slots and the parent's own slot).
+extern "C" int FrontierInputs(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                              void *, void *) {
+  static const char *const want[] = {"float32", "bool", "int32", "int32", "float32", "bool"};
+  if (nparam != 6) return 1;
+  if (!dtypes_are(dtypes, want, 6)) return 2;
+  if (ndims[0] != 3 || ndims[1] != 3) return 3;
+  const int64_t b = shapes[0][0], k = shapes[0][1], h = shapes[0][2], w = shapes[1][2];
+  const int32_t own_first = *static_cast<const int32_t *>(params[3]);
+  if (shapes[1][0] != b || shapes[1][1] != k || elements(ndims[2], shapes[2]) != b * k ||
+      elements(ndims[4], shapes[4]) != b * k * h || elements(ndims[5], shapes[5]) != b * k * w ||
+      own_first < 0 || own_first + k > w)
+    return 3;
+  const float *hidden = static_cast<const float *>(params[0]);
+  const uint8_t *mask = static_cast<const uint8_t *>(params[1]);
+  const int32_t *parent_rows = static_cast<const int32_t *>(params[2]);
+  float *features = static_cast<float *>(params[4]);
+  uint8_t *next_mask = static_cast<uint8_t *>(params[5]);
+  for (int64_t r = 0; r < b; ++r) {
+    for (int64_t row = 0; row < k; ++row) {
+      const int32_t parent = parent_rows[r * k + row];
+      if (parent < 0 || parent >= k) return 3;
+      std::memcpy(features + (r * k + row) * h, hidden + (r * k + parent) * h, sizeof(float) * h);
+      uint8_t *dst = next_mask + (r * k + row) * w;
+      std::memcpy(dst, mask + (r * k + parent) * w, w);
+      dst[own_first + row] = 1;
+    }
+  }
+  return 0;
+}
+
 // TreeFinish(scores [B, C] f32, ints [B, 3, C] i32, root_token [B] i32, committed_len [B] i32,
 //            layout [D+1, N] i32 (its shape only, as TreeStart's))
 //   -> (tokens [B, N] i32, parent [B, N] i32, depth [B, N] i32, valid [B, N] bool, ancestors [B, D+1, N] i32,
