@@ -55,10 +55,11 @@ def test_verify_graph_reads_the_cache_in_place_and_transposes_nothing(profile):
 
 def test_each_teacher_layer_runs_five_fused_kernels(profile):
     """RmsNorm, RopeSplit, WindowAttention, AddRmsNorm and SiluMul per layer, plus the final norm
-    (eagle_ms/models/cpu_kernels.py); none of the composite chains they replace is left."""
+    (eagle_ms/models/cpu_kernels.py) and the verify step's mask and acceptance kernels
+    (eagle_ms/models/verify_kernels.cc); none of the composite chains they replace is left."""
     cfg, res = profile
     ops = res["verify"]["op_types"]
-    assert ops["Custom"]["kernels"] == 5 * cfg.model.num_hidden_layers + 1
+    assert ops["Custom"]["kernels"] == 5 * cfg.model.num_hidden_layers + 1 + 2  # + VerifyMask, GreedyAccept
     assert not {"Softmax", "Rsqrt", "SiLU", "ReduceMean", "BatchMatMul"} & set(ops)
 
 
@@ -69,3 +70,12 @@ def test_draft_tree_bookkeeping_is_one_kernel_per_depth(profile):
     _, res = profile
     ops = res["draft_tree"]["op_types"]
     assert not {"CumSum", "ReduceAny", "ReduceSum", "FloorDiv", "GatherD", "Equal", "Select"} & set(ops), {o: c["kernels"] for o, c in ops.items()}
+
+
+def test_verify_mask_and_acceptance_are_one_kernel_each(profile):
+    """VerifyMask and GreedyAccept (eagle_ms/models/verify_kernels.cc) replace the composite mask and
+    acceptance: no cumulative sum, min / max reduction or logical chain is left in the verify graph."""
+    _, res = profile
+    ops = res["verify"]["op_types"]
+    assert not {"CumSum", "ReduceMin", "ReduceMax", "LogicalOr", "LogicalAnd", "LogicalNot"} & set(ops), \
+        {o: c["kernels"] for o, c in ops.items()}

@@ -121,3 +121,58 @@ def test_frontier_inputs_gather_the_parent_rows_and_add_the_own_slot():
     want_mask[:, np.arange(k), own_first + np.arange(k)] = True
     np.testing.assert_array_equal(feats.asnumpy(), hidden[rows, parent_rows])
     np.testing.assert_array_equal(next_mask.asnumpy(), want_mask)
+
+
+def numpy_extend_inputs(result, committed_len, scratch, capacity, window, width):
+    """NumPy reference of the draft extend's rows (DraftTreeStep.extend's contract)."""
+    b, rows = result.shape[0], (result.shape[1] - 1) // 2
+    i = np.arange(rows)[None]
+    start = committed_len[:, None]
+    real = i <= result[:, :1]
+    ids = np.where(real, result[:, 1:rows + 1], 0)
+    positions = np.where(real, start + i, start)
+    slots = np.minimum(np.where(real, scratch + start + i, i), capacity - 1)
+    upto = np.where(real, start + i + 1, 0)[:, :, None]
+    lo = np.maximum(upto - window, 0) if window else np.zeros_like(upto)
+    pair = np.arange(width)[None, None] - scratch
+    allowed = ((pair >= lo) & (pair < upto)) | (np.arange(width)[None, None] == slots[:, :, None])
+    return ids, positions, slots, allowed
+
+
+@pytest.mark.parametrize("window", [0, 3])
+def test_extend_inputs_equal_numpy(window):
+    """A = -1 (no step yet), 0, D and in between, in one batch; unbounded and bounded context windows; a
+    scratch slot clamped to the cache's last slot."""
+    rng = np.random.default_rng(window)
+    d, scratch, width = 4, 6, 6 + 20
+    result = np.zeros((5, 2 * d + 3), np.int32)
+    result[:, 0] = [-1, 0, 2, d, 1]
+    result[:, 1:d + 2] = rng.integers(1, 50, (5, d + 1))
+    committed_len = np.array([1, 5, 9, 14, 3], np.int32)
+    capacity = scratch + 18  # row 3's last pair would be slot 6 + 14 + 4 = 24: clamped to 23
+    settings = np.array([scratch, capacity, window], np.int32)
+    got = cpu_kernels.extend_inputs_op()(Tensor(result), Tensor(committed_len), Tensor(settings),
+                                         Tensor(np.zeros(width, np.int32)))
+    want = numpy_extend_inputs(result, committed_len, scratch, capacity, window, width)
+    for name, g, w in zip(("ids", "positions", "slots", "allowed"), got, want):
+        np.testing.assert_array_equal(g.asnumpy(), w, err_msg=name)
+
+
+def test_root_pair_takes_row_a_or_keeps_the_stored_pair():
+    """B = 3 with A = 2, -1 (no step yet: the stored pair) and 0; NumPy indexing as the reference."""
+    rng = np.random.default_rng(5)
+    d, top, h = 3, 4, 6
+    result = np.zeros((3, 2 * d + 3), np.int32)
+    result[:, 0] = [2, -1, 0]
+    result[:, 1:d + 2] = rng.integers(1, 90, (3, d + 1))
+    logprob = rng.standard_normal((3, d + 1, top)).astype(np.float32)
+    ids = rng.integers(0, 90, (3, d + 1, top)).astype(np.int32)
+    hidden = rng.standard_normal((3, d + 1, h)).astype(np.float32)
+    stored = (rng.integers(0, 90, 3).astype(np.int32), rng.standard_normal((3, top)).astype(np.float32),
+              rng.integers(0, 90, (3, top)).astype(np.int32), rng.standard_normal((3, h)).astype(np.float32))
+    got = [x.asnumpy() for x in cpu_kernels.root_pair_op()(*[Tensor(x) for x in (result, logprob, ids, hidden) + stored])]
+    for b, a in enumerate(result[:, 0]):
+        want = ((result[b, 1 + a], logprob[b, a], ids[b, a], hidden[b, a]) if a >= 0 else
+                tuple(s[b] for s in stored))
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g[b], w)

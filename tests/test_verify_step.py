@@ -17,6 +17,7 @@ import eagle_ms.models.attention as attention
 from eagle_ms.device_verify import DeviceAcceptMismatch, DeviceVerifier, TreeInputs, _check_against_host
 from eagle_ms.generate import DecodeSettings, generate
 from eagle_ms.host_step import redecoded_rows
+from eagle_ms.models import cpu_kernels
 from eagle_ms.models.step_result import (StepResult, pack_result_numpy, result_width, unpack_result)
 from eagle_ms.models.verify_step import DecodeStep, DeviceAccept, VerifyStep, verify_mask
 from eagle_ms.oracle_drafter import OracleDrafter
@@ -154,6 +155,26 @@ def test_device_accept_equals_greedy_accept_on_crafted_tables():
     assert tie_broken > 0  # some trees had several paths of the best length: the lowest row won
 
 
+def test_greedy_accept_kernel_equals_device_accept_and_greedy_accept():
+    """The CPU kernel (packed result + aux row ids) on the same crafted batch: == DeviceAccept packed, and
+    the aux rows name b*N + node id (the root's row for padding slots)."""
+    rng = np.random.default_rng(1)
+    budget, depth = 12, 5
+    trees, tables = _crafted_batch(rng, 64, budget, depth, vocab=3)
+    stack = [np.stack([getattr(t, f) for t in trees]) for f in ("tokens", "paths", "path_lengths")]
+    result, aux_rows = (x.asnumpy() for x in cpu_kernels.greedy_accept_op()(
+        Tensor(stack[0]), Tensor(tables), Tensor(stack[1]), Tensor(stack[2])))
+    a, emitted, node_ids = (x.asnumpy() for x in DeviceAccept(depth)(Tensor(stack[0]), Tensor(tables),
+                                                                     Tensor(stack[1]), Tensor(stack[2])))
+    np.testing.assert_array_equal(result, pack_result_numpy(
+        [(int(a[b]), emitted[b, :a[b] + 1], node_ids[b, :a[b] + 1]) for b in range(len(trees))], depth))
+    np.testing.assert_array_equal(aux_rows, (np.arange(len(trees))[:, None] * (budget + 1) + node_ids).reshape(-1))
+    lengths = {unpack_result(result[b:b + 1])[0].accepted_len for b in range(len(trees))}
+    assert lengths == set(range(depth + 1))
+    assert all(unpack_result(result[b:b + 1])[0].accepted_len == greedy_accept(t, tables[b]).accepted_len
+               for b, t in enumerate(trees))
+
+
 # ------------------------------------------------------------------------------ in-graph mask
 
 class _MaskCell(nn.Cell):
@@ -174,6 +195,10 @@ def test_verify_mask_equals_host_mask():
     got = _MaskCell(window)(Tensor(np.array([t.committed_len for t in trees], np.int32)),
                             Tensor(np.stack([t.tree_mask for t in trees]))).asnumpy()
     np.testing.assert_array_equal(got, np.stack([verify_attention_mask(t, window) for t in trees]))
+    kernel = cpu_kernels.verify_mask_op()(Tensor(np.array([t.committed_len for t in trees], np.int32)),
+                                          Tensor(np.stack([t.tree_mask for t in trees])),
+                                          Tensor(np.zeros(window, np.int32))).asnumpy()
+    np.testing.assert_array_equal(kernel, got)
 
 
 # ------------------------------------------------------------------------------ whole step vs the host path

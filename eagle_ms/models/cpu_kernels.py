@@ -1,11 +1,12 @@
 """Fused CPU kernels (RMSNorm, residual add + RMSNorm, the draft's embedding + input norms, SwiGLU, RoPE + head
 split, masked softmax, attention over the cache window, the draft's log-softmax + top-K, the draft tree's
-bookkeeping) as MindSpore ``ops.Custom`` AOT operators.
+bookkeeping, the verify mask and greedy acceptance) as MindSpore ``ops.Custom`` AOT operators.
 
 On MindSpore's CPU runtime every launched kernel costs a fixed 5-19 µs whatever it computes
 (docs/teacher_profile.md §"The dispatch floor"), and the layers' norms, SwiGLU and RoPE are chains of
 small elementwise kernels. ``cpu_kernels.cc`` (next to this file) does each chain in one kernel;
-``tree_kernels.cc`` does the draft tree's bookkeeping (eagle_ms/models/tree_kernels.py). The
+``tree_kernels.cc`` does the draft tree's bookkeeping (eagle_ms/models/tree_kernels.py) and
+``verify_kernels.cc`` the verify graph's mask and greedy acceptance; all three build one library. The
 layers use them when built with ``kernels="cpu"`` (``choose_kernels``); ``"composite"`` is the plain
 MindSpore form, which training (no backward is defined for these operators), feature extraction and every
 non-CPU device run; the kernels are checked against it and against NumPy in tests/test_cpu_kernels.py.
@@ -28,7 +29,7 @@ from eagle_ms.files import atomic_write
 
 ENV_KERNEL_DIR = "EAGLE_MS_KERNEL_DIR"
 _HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = (os.path.join(_HERE, "cpu_kernels.cc"), os.path.join(_HERE, "tree_kernels.cc"))  # one library
+SOURCES = tuple(os.path.join(_HERE, name) for name in ("cpu_kernels.cc", "tree_kernels.cc", "verify_kernels.cc"))
 # -fno-trapping-math lets selects vectorise (no FP exception is ever observed); no -ffast-math: the code
 # itself decides the order of every sum
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-ffp-contract=off", "-fno-trapping-math")
@@ -187,6 +188,27 @@ def tree_grow_op():
     return _custom("TreeGrow", shapes, lambda *_: (ms.float32, ms.int32, ms.float32, ms.int32, ms.int32, ms.int32))
 
 
+def extend_inputs_op():
+    """(result [B,2D+3] i32, committed_len [B] i32, settings [3] i32 (scratch X, capacity, context window or 0),
+    columns [X+W] i32 (shape only)) -> (ids, positions, slots [B,D+1] i32, allowed [B,D+1,X+W] bool): the
+    draft extend's rows (tree_kernels.cc ``ExtendInputs``)."""
+    import mindspore as ms
+
+    def shapes(result, length, settings, columns):
+        rows = [result[0], (result[1] - 1) // 2]
+        return rows, rows, rows, rows + [columns[0]]
+
+    return _custom("ExtendInputs", shapes, lambda *_: (ms.int32, ms.int32, ms.int32, ms.bool_))
+
+
+def root_pair_op():
+    """(result [B,2D+3] i32, logprob [B,D+1,K] f32, target_ids [B,D+1,K] i32, hidden [B,D+1,H] f32, then the
+    stored token [B], logprob [B,K], target_ids [B,K], hidden [B,H]) -> the new root pair (token, logprob,
+    target_ids, hidden): extend row A's, or the stored one when A = -1 (tree_kernels.cc ``RootPair``)."""
+    return _custom("RootPair", lambda result, lp, ids, hid, t, slp, sids, shid: (t, slp, sids, shid),
+                   lambda result, lp, ids, hid, t, slp, sids, shid: (t, slp, sids, shid))
+
+
 def frontier_inputs_op():
     """(hidden [B,k,H] f32, mask [B,k,W] bool, parent_rows [B,k] i32, own_first [1] i32) -> (features [B,k,H],
     next_mask [B,k,W] bool): the next depth's features and masks (tree_kernels.cc ``FrontierInputs``)."""
@@ -207,3 +229,21 @@ def tree_finish_op():
     i32, flag = ms.int32, ms.bool_
     return _custom("TreeFinish", shapes, lambda *_: (i32, i32, i32, flag, i32, i32, i32, flag, i32, i32, i32,
                                                      ms.float32))
+
+
+def verify_mask_op():
+    """(committed_len [B] i32, tree_mask [B,N,N] bool, layout [W] i32 (shape only)) -> allowed [B,N,W] bool:
+    slots [0, L) and the tree's branch L + j (verify_kernels.cc ``VerifyMask``)."""
+    import mindspore as ms
+
+    return _custom("VerifyMask", lambda length, mask, layout: [mask[0], mask[1], layout[0]],
+                   lambda length, mask, layout: ms.bool_)
+
+
+def greedy_accept_op():
+    """(tokens [B,N] i32, argmax [B,N] i32, paths [B,P,D+1] i32, path_lengths [B,P] i32) -> (packed result
+    [B,2D+3] i32, aux_rows [B*(D+1)] i32): greedy acceptance (verify_kernels.cc ``GreedyAccept``)."""
+    def shapes(tokens, argmax, paths, lengths):
+        return [paths[0], 2 * paths[2] + 1], [paths[0] * paths[2]]
+
+    return _custom("GreedyAccept", shapes, lambda tokens, argmax, paths, lengths: (tokens, tokens))

@@ -160,6 +160,95 @@ extern "C" int TreeGrow(int nparam, void **params, int *ndims, int64_t **shapes,
   return 0;
 }
 
+// ExtendInputs(result [B, 2D+3] i32, committed_len [B] i32, settings [3] i32, columns [X+W] i32 (shape only))
+//   -> (ids [B, D+1] i32, positions [B, D+1] i32, slots [B, D+1] i32, allowed [B, D+1, X+W] bool).
+// The draft extend's rows (eagle_ms/models/draft_tree_step.py ``DraftTreeStep.extend``): settings = (X
+// scratch slots, draft cache capacity, context window w or 0 = unbounded). Row i <= A (A = result[:, 0],
+// the emitted tokens in columns 1..D+1) is pair L + i: token emitted[i], position L + i, slot X + L + i,
+// and it sees the pairs [max(L + i + 1 - w, 0), L + i + 1) (its own included). A padding row i > A
+// writes scratch slot i at position L with token 0 and sees only that slot. Slots are clamped to the
+// cache.
+extern "C" int ExtendInputs(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                            void *, void *) {
+  static const char *const want[] = {"int32", "int32", "int32", "int32", "int32", "int32", "int32", "bool"};
+  if (nparam != 8) return 1;
+  if (!dtypes_are(dtypes, want, 8)) return 2;
+  if (ndims[0] != 2 || ndims[3] != 1) return 3;
+  const int64_t b = shapes[0][0], rows = (shapes[0][1] - 1) / 2, width = shapes[3][0];
+  if (shapes[0][1] < 5 || shapes[0][1] % 2 == 0 || elements(ndims[1], shapes[1]) != b ||
+      elements(ndims[2], shapes[2]) != 3 || elements(ndims[4], shapes[4]) != b * rows ||
+      elements(ndims[5], shapes[5]) != b * rows || elements(ndims[6], shapes[6]) != b * rows ||
+      elements(ndims[7], shapes[7]) != b * rows * width)
+    return 3;
+  const int32_t *result = static_cast<const int32_t *>(params[0]);
+  const int32_t *committed_len = static_cast<const int32_t *>(params[1]);
+  const int32_t *settings = static_cast<const int32_t *>(params[2]);
+  const int64_t scratch = settings[0], capacity = settings[1], window = settings[2];
+  if (scratch < 0 || capacity < 1) return 3;
+  int32_t *ids = static_cast<int32_t *>(params[4]), *positions = static_cast<int32_t *>(params[5]);
+  int32_t *slots = static_cast<int32_t *>(params[6]);
+  uint8_t *allowed = static_cast<uint8_t *>(params[7]);
+  for (int64_t r = 0; r < b; ++r) {
+    const int32_t *row = result + r * (2 * rows + 1);
+    const int64_t accepted = row[0], start = committed_len[r];
+    for (int64_t i = 0; i < rows; ++i) {
+      const bool real = i <= accepted;
+      const int64_t at = r * rows + i;
+      const int64_t slot = std::min<int64_t>(real ? scratch + start + i : i, capacity - 1);
+      ids[at] = real ? row[1 + i] : 0;
+      positions[at] = static_cast<int32_t>(real ? start + i : start);
+      slots[at] = static_cast<int32_t>(slot);
+      const int64_t upto = real ? start + i + 1 : 0, lo = window > 0 ? std::max<int64_t>(upto - window, 0) : 0;
+      uint8_t *keep = allowed + at * width;
+      for (int64_t col = 0; col < width; ++col) {
+        const int64_t pair = col - scratch;  // < 0: a scratch slot
+        keep[col] = (pair >= lo && pair < upto) || col == slot ? 1 : 0;
+      }
+    }
+  }
+  return 0;
+}
+
+// RootPair(result [B, 2D+3] i32, logprob [B, D+1, K] f32, target_ids [B, D+1, K] i32, hidden [B, D+1, H] f32,
+//          stored token [B] i32, stored logprob [B, K] f32, stored target_ids [B, K] i32, stored hidden [B, H] f32)
+//   -> (token [B] i32, logprob [B, K] f32, target_ids [B, K] i32, hidden [B, H] f32).
+// The new last pair of the draft (``DraftTreeStep.root_pair``): with A = result[:, 0] >= 0, extend row A's
+// token (result column 1 + A), top-K and hidden; with A = -1 (no step yet) the stored pair unchanged.
+extern "C" int RootPair(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                        void *, void *) {
+  static const char *const want[] = {"int32", "float32", "int32", "float32", "int32", "float32", "int32",
+                                     "float32", "int32", "float32", "int32", "float32"};
+  if (nparam != 12) return 1;
+  if (!dtypes_are(dtypes, want, 12)) return 2;
+  if (ndims[0] != 2 || ndims[1] != 3 || ndims[3] != 3) return 3;
+  const int64_t b = shapes[0][0], rows = shapes[1][1], top = shapes[1][2], h = shapes[3][2];
+  if (shapes[0][1] != 2 * rows + 1 || shapes[1][0] != b || elements(ndims[2], shapes[2]) != b * rows * top ||
+      shapes[3][0] != b || shapes[3][1] != rows || elements(ndims[4], shapes[4]) != b ||
+      elements(ndims[5], shapes[5]) != b * top || elements(ndims[6], shapes[6]) != b * top ||
+      elements(ndims[7], shapes[7]) != b * h || elements(ndims[8], shapes[8]) != b ||
+      elements(ndims[9], shapes[9]) != b * top || elements(ndims[10], shapes[10]) != b * top ||
+      elements(ndims[11], shapes[11]) != b * h)
+    return 3;
+  const int32_t *result = static_cast<const int32_t *>(params[0]);
+  const float *logprob = static_cast<const float *>(params[1]), *hidden = static_cast<const float *>(params[3]);
+  const int32_t *target_ids = static_cast<const int32_t *>(params[2]);
+  const int32_t *kept_token = static_cast<const int32_t *>(params[4]);
+  const float *kept_logprob = static_cast<const float *>(params[5]), *kept_hidden = static_cast<const float *>(params[7]);
+  const int32_t *kept_ids = static_cast<const int32_t *>(params[6]);
+  int32_t *token = static_cast<int32_t *>(params[8]), *ids = static_cast<int32_t *>(params[10]);
+  float *lp = static_cast<float *>(params[9]), *hid = static_cast<float *>(params[11]);
+  for (int64_t r = 0; r < b; ++r) {
+    const int64_t a = result[r * (2 * rows + 1)];
+    if (a >= rows || a < -1) return 3;
+    const bool fresh = a >= 0;
+    token[r] = fresh ? result[r * (2 * rows + 1) + 1 + a] : kept_token[r];
+    std::memcpy(lp + r * top, fresh ? logprob + (r * rows + a) * top : kept_logprob + r * top, sizeof(float) * top);
+    std::memcpy(ids + r * top, fresh ? target_ids + (r * rows + a) * top : kept_ids + r * top, sizeof(int32_t) * top);
+    std::memcpy(hid + r * h, fresh ? hidden + (r * rows + a) * h : kept_hidden + r * h, sizeof(float) * h);
+  }
+  return 0;
+}
+
 // FrontierInputs(hidden [B, k, H] f32, mask [B, k, W] bool, parent_rows [B, k] i32, own_first [1] i32)
 //   -> (features [B, k, H] f32, next_mask [B, k, W] bool).
 // The next depth's expand inputs from this depth's: row r's feature is hidden[parent_rows[r]] (its parent's

@@ -9,6 +9,9 @@ One call of ``VerifyStep`` (per attention window W; the host picks the instance)
     -> result [B, 2D+3] int32 (eagle_ms/models/step_result.py), accepted_aux [B, D+1, 3Ht]
        (+ argmax [B, N] int32 when built with reference=True)
 
+With the fused CPU kernels (the teacher's ``kernels`` 'cpu') the mask is one ``VerifyMask`` kernel and the
+acceptance, the packing and the aux row ids one ``GreedyAccept`` kernel (eagle_ms/models/verify_kernels.cc).
+
 ``DecodeStep`` is the teacher-only step (the root alone at slot L): the same outputs from two inputs.
 
 No [B, N, V] or [B, N, 3Ht] tensor is an output. The commit is not in this graph: the host reads the
@@ -19,11 +22,15 @@ docs/architecture.md §"Device-resident step".
 """
 from __future__ import annotations
 
+import numpy as np
+
 import mindspore as ms
-from mindspore import nn, ops
+from mindspore import Tensor, nn, ops
 
 from eagle_ms.config import GREEDY, SamplingParams
+from eagle_ms.models import cpu_kernels
 from eagle_ms.models.kv_cache import flat_rows
+from eagle_ms.models.layers import fused_kernel
 from eagle_ms.models.sampler import Sampler
 from eagle_ms.models.step_result import pack_result
 
@@ -125,10 +132,18 @@ class VerifyStep(TeacherStep):
                  sampling: SamplingParams = GREEDY):
         super().__init__(teacher, max_depth, window, reference, sampling)
         self.accept = DeviceAccept(max_depth)
+        # with the fused CPU kernels: the mask in one kernel, and acceptance + packing + aux row ids in one
+        # (eagle_ms/models/verify_kernels.cc; the same results as verify_mask / DeviceAccept)
+        self.mask_kernel = fused_kernel(teacher.kernels, cpu_kernels.verify_mask_op)
+        self.accept_kernel = fused_kernel(teacher.kernels, cpu_kernels.greedy_accept_op)
+        self.window_layout = Tensor(np.zeros(window, np.int32))  # its shape tells VerifyMask W
 
     def construct(self, tokens, position_ids, tree_mask, paths, path_lengths, committed_len):
         b, n = tokens.shape
-        allowed = verify_mask(committed_len, tree_mask, self.window)          # [B, N, W]
+        if self.mask_kernel is not None:
+            allowed = self.mask_kernel(committed_len, tree_mask, self.window_layout)  # [B, N, W]
+        else:
+            allowed = verify_mask(committed_len, tree_mask, self.window)          # [B, N, W]
         slots = committed_len.reshape(b, 1) + ops.arange(n, dtype=ms.int32).reshape(1, n)  # [B, N] L + node id
         rows = flat_rows(slots, self.num_kv_heads, self.capacity)
         hidden, aux = self.teacher.hidden_states(tokens, position_ids, rows, allowed)  # [B,N,H], [B,N,3Ht]
@@ -142,10 +157,13 @@ class VerifyStep(TeacherStep):
     def accept_rows(self, tokens, argmax, aux, paths, path_lengths):
         """N > 1: DeviceAccept, packed, and the accepted nodes' aux rows [B, D+1, 3Ht]."""
         b, n = tokens.shape
-        accepted, emitted, node_ids = self.accept(tokens, argmax, paths, path_lengths)
-        flat = (ops.arange(b, dtype=ms.int32).reshape(b, 1) * n + node_ids).reshape(-1)
-        accepted_aux = ops.gather(aux.reshape(b * n, -1), flat, 0).reshape(b, self.max_depth + 1, -1)
-        return pack_result(accepted, emitted, node_ids), accepted_aux
+        if self.accept_kernel is not None:
+            result, flat = self.accept_kernel(tokens, argmax, paths, path_lengths)
+        else:
+            accepted, emitted, node_ids = self.accept(tokens, argmax, paths, path_lengths)
+            flat = (ops.arange(b, dtype=ms.int32).reshape(b, 1) * n + node_ids).reshape(-1)
+            result = pack_result(accepted, emitted, node_ids)
+        return result, ops.gather(aux.reshape(b * n, -1), flat, 0).reshape(b, self.max_depth + 1, -1)
 
 
 class DecodeStep(TeacherStep):
