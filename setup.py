@@ -7,7 +7,7 @@ setup(
     description="EAGLE-3 tree speculative decoding for openPangu teachers in MindSpore (Ascend and CPU)",
     python_requires=">=3.11,<3.12",
     packages=find_packages(include=["eagle_ms", "eagle_ms.*"]),
-    package_data={"eagle_ms": ["assets/**/*", "assets/*", "models/*.cc"]},
+    package_data={"eagle_ms": ["assets/**/*", "assets/*", "models/*.cc", "models/*.h"]},
     include_package_data=True,
     install_requires=[
         "mindspore==2.9.0",

@@ -19,22 +19,11 @@
 #include <algorithm>
 #include <vector>
 
+#include "kernel_common.h"
+
 namespace {
 
 constexpr int kLanes = 8;  // partial sums per reduction (one AVX register of fp32)
-
-bool all_float32(int nparam, const char **dtypes) {
-  for (int i = 0; i < nparam; ++i) {
-    if (std::strcmp(dtypes[i], "float32") != 0) return false;
-  }
-  return true;
-}
-
-int64_t count(int ndim, const int64_t *shape) {
-  int64_t n = 1;
-  for (int i = 0; i < ndim; ++i) n *= shape[i];
-  return n;
-}
 
 // e^x for fp32: x = n ln2 + r with n = round(x / ln2) and |r| <= ln2/2, Cephes' degree-6 polynomial for
 // e^r, times 2^n built in the exponent bits. n comes from the float sum x/ln2 + 1.5*2^23 (whose low bits
@@ -84,8 +73,8 @@ extern "C" int RmsNorm(int nparam, void **params, int *ndims, int64_t **shapes, 
   if (nparam != 4) return 1;
   if (!all_float32(nparam, dtypes)) return 2;
   const int64_t h = shapes[0][ndims[0] - 1];
-  if (h <= 0 || count(ndims[1], shapes[1]) != h) return 3;
-  const int64_t rows = count(ndims[0], shapes[0]) / h;
+  if (h <= 0 || element_count(ndims[1], shapes[1]) != h) return 3;
+  const int64_t rows = element_count(ndims[0], shapes[0]) / h;
   const float *x = static_cast<const float *>(params[0]);
   const float *w = static_cast<const float *>(params[1]);
   const float eps = *static_cast<const float *>(params[2]);
@@ -105,9 +94,9 @@ extern "C" int EmbedPairNorm(int nparam, void **params, int *ndims, int64_t **sh
     if (std::strcmp(dtypes[i], i == 1 ? "int32" : "float32") != 0) return 2;
   }
   if (ndims[0] != 2) return 3;
-  const int64_t vocab = shapes[0][0], h = shapes[0][1], rows = count(ndims[1], shapes[1]);
-  if (h <= 0 || count(ndims[2], shapes[2]) != rows * h || count(ndims[3], shapes[3]) != h ||
-      count(ndims[4], shapes[4]) != h || count(ndims[6], shapes[6]) != rows * 2 * h)
+  const int64_t vocab = shapes[0][0], h = shapes[0][1], rows = element_count(ndims[1], shapes[1]);
+  if (h <= 0 || element_count(ndims[2], shapes[2]) != rows * h || element_count(ndims[3], shapes[3]) != h ||
+      element_count(ndims[4], shapes[4]) != h || element_count(ndims[6], shapes[6]) != rows * 2 * h)
     return 3;
   const float *table = static_cast<const float *>(params[0]);
   const int32_t *ids = static_cast<const int32_t *>(params[1]);
@@ -131,9 +120,9 @@ extern "C" int AddRmsNorm(int nparam, void **params, int *ndims, int64_t **shape
   if (nparam != 7) return 1;
   if (!all_float32(nparam, dtypes)) return 2;
   const int64_t h = shapes[0][ndims[0] - 1];
-  const int64_t size = count(ndims[0], shapes[0]);
-  if (h <= 0 || count(ndims[1], shapes[1]) != size || count(ndims[2], shapes[2]) != h ||
-      count(ndims[3], shapes[3]) != h)
+  const int64_t size = element_count(ndims[0], shapes[0]);
+  if (h <= 0 || element_count(ndims[1], shapes[1]) != size || element_count(ndims[2], shapes[2]) != h ||
+      element_count(ndims[3], shapes[3]) != h)
     return 3;
   const float *x = static_cast<const float *>(params[0]);
   const float *a = static_cast<const float *>(params[1]);
@@ -158,7 +147,7 @@ extern "C" int SiluMul(int nparam, void **params, int *ndims, int64_t **shapes, 
   const int64_t width = shapes[0][ndims[0] - 1];
   const int64_t inter = shapes[1][ndims[1] - 1];
   if (width != 2 * inter) return 3;
-  const int64_t rows = count(ndims[0], shapes[0]) / width;
+  const int64_t rows = element_count(ndims[0], shapes[0]) / width;
   const float *gu = static_cast<const float *>(params[0]);
   float *y = static_cast<float *>(params[1]);
   for (int64_t r = 0; r < rows; ++r) {
@@ -183,7 +172,7 @@ extern "C" int RopeSplit(int nparam, void **params, int *ndims, int64_t **shapes
   const int64_t b = shapes[0][0], n = shapes[0][1], heads = shapes[0][2], d = shapes[0][3];
   const int64_t hq = shapes[4][1], hkv = shapes[5][2], nc = shapes[2][1];
   if (heads != hq + 2 * hkv || d % 2 != 0 || d > 1024 || (nc != n && nc != 1) ||
-      count(ndims[1], shapes[1]) != heads * d)
+      element_count(ndims[1], shapes[1]) != heads * d)
     return 3;
   const float *qkv = static_cast<const float *>(params[0]);
   const float *bias = static_cast<const float *>(params[1]);
@@ -228,7 +217,7 @@ extern "C" int MaskedSoftmax(int nparam, void **params, int *ndims, int64_t **sh
   if (ndims[0] != 4 || ndims[1] < 2) return 3;
   const int64_t b = shapes[0][0], hkv = shapes[0][1], rows = shapes[0][2], s = shapes[0][3];
   const int64_t n = shapes[1][ndims[1] - 2];
-  if (shapes[1][ndims[1] - 1] != s || n <= 0 || rows % n != 0 || count(ndims[1], shapes[1]) != b * n * s) return 3;
+  if (shapes[1][ndims[1] - 1] != s || n <= 0 || rows % n != 0 || element_count(ndims[1], shapes[1]) != b * n * s) return 3;
   const float *scores = static_cast<const float *>(params[0]);
   const float *mask = static_cast<const float *>(params[1]);
   const float scale = *static_cast<const float *>(params[2]);
@@ -382,8 +371,8 @@ extern "C" int WindowAttention(int nparam, void **params, int *ndims, int64_t **
   const int64_t b = shapes[0][0], hq = shapes[0][1], n = shapes[0][2], d = shapes[0][3];
   const int64_t hkv = shapes[4][0], cache_rows = shapes[1][0], w = shapes[3][ndims[3] - 1];
   if (hkv <= 0 || hq % hkv != 0 || d > 1024 || shapes[1][1] != d || shapes[2][0] != cache_rows ||
-      shapes[2][1] != d || cache_rows % (b * hkv) != 0 || count(ndims[3], shapes[3]) != b * n * w ||
-      count(ndims[5], shapes[5]) != b * n * hq * d)
+      shapes[2][1] != d || cache_rows % (b * hkv) != 0 || element_count(ndims[3], shapes[3]) != b * n * w ||
+      element_count(ndims[5], shapes[5]) != b * n * hq * d)
     return 3;
   const int64_t s = cache_rows / (b * hkv), groups = hq / hkv, rows = groups * n;
   if (w > s) return 3;
@@ -449,9 +438,9 @@ extern "C" int LogSoftmaxTopK(int nparam, void **params, int *ndims, int64_t **s
       std::strcmp(dtypes[2], "float32") != 0 || std::strcmp(dtypes[3], "int32") != 0)
     return 2;
   const int64_t v = shapes[0][ndims[0] - 1], k = shapes[2][ndims[2] - 1];
-  const int64_t rows = v > 0 ? count(ndims[0], shapes[0]) / v : 0;
-  if (v <= 0 || k <= 0 || k > v || k > 1024 || count(ndims[1], shapes[1]) != v ||
-      count(ndims[2], shapes[2]) != rows * k || count(ndims[3], shapes[3]) != rows * k)
+  const int64_t rows = v > 0 ? element_count(ndims[0], shapes[0]) / v : 0;
+  if (v <= 0 || k <= 0 || k > v || k > 1024 || element_count(ndims[1], shapes[1]) != v ||
+      element_count(ndims[2], shapes[2]) != rows * k || element_count(ndims[3], shapes[3]) != rows * k)
     return 3;
   const float *logits = static_cast<const float *>(params[0]);
   const int32_t *d2t = static_cast<const int32_t *>(params[1]);

@@ -6,7 +6,8 @@ On MindSpore's CPU runtime every launched kernel costs a fixed 5-19 µs whatever
 (docs/teacher_profile.md §"The dispatch floor"), and the layers' norms, SwiGLU and RoPE are chains of
 small elementwise kernels. ``cpu_kernels.cc`` (next to this file) does each chain in one kernel;
 ``tree_kernels.cc`` does the draft tree's bookkeeping (eagle_ms/models/tree_kernels.py) and
-``verify_kernels.cc`` the verify graph's mask and greedy acceptance; all three build one library. The
+``verify_kernels.cc`` the verify graph's mask and greedy acceptance; all three build one library and share
+the helpers of ``kernel_common.h``. The
 layers use them when built with ``kernels="cpu"`` (``choose_kernels``); ``"composite"`` is the plain
 MindSpore form, which training (no backward is defined for these operators), feature extraction and every
 non-CPU device run; the kernels are checked against it and against NumPy in tests/test_cpu_kernels.py.
@@ -30,6 +31,7 @@ from eagle_ms.files import atomic_write
 ENV_KERNEL_DIR = "EAGLE_MS_KERNEL_DIR"
 _HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = tuple(os.path.join(_HERE, name) for name in ("cpu_kernels.cc", "tree_kernels.cc", "verify_kernels.cc"))
+HEADERS = (os.path.join(_HERE, "kernel_common.h"),)  # included by SOURCES; part of the library digest
 # -fno-trapping-math lets selects vectorise (no FP exception is ever observed); no -ffast-math: the code
 # itself decides the order of every sum
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-ffp-contract=off", "-fno-trapping-math")
@@ -58,7 +60,7 @@ def library_path() -> str:
     when no compiler is found or the build fails."""
     compiler = os.environ.get("CXX", "g++")
     source = b""
-    for name in SOURCES:
+    for name in SOURCES + HEADERS:
         with open(name, "rb") as f:
             source += f.read()
     # -march=native: the library fits this CPU only, so its identity is part of the name (a home directory

@@ -112,11 +112,9 @@ class DraftTreeStep(nn.Cell):
                            for s in slots]                                    # [B*Hkv*k] int32 each
 
     def construct(self, result, accepted_aux, committed_len):
-        accepted = result[:, ACCEPTED_COLUMN]                                # [B] A (-1: no step yet)
-        emitted = result[:, token_columns(self.d)]                           # [B, D+1]
-        logprob, ids, hidden = self.extend(result, accepted, emitted, accepted_aux, committed_len)
-        root = self.root_pair(result, accepted, emitted, logprob, ids, hidden)
-        return self.draft_tree(root, committed_len + accepted + 1)
+        logprob, ids, hidden = self.extend(result, accepted_aux, committed_len)
+        root = self.root_pair(result, logprob, ids, hidden)
+        return self.draft_tree(root, committed_len + result[:, ACCEPTED_COLUMN] + 1)
 
     def visible(self, upto):
         """upto [B, n] -> [B, n, X+W] bool: committed pairs [lo, upto) with lo by ``context_window``."""
@@ -125,13 +123,15 @@ class DraftTreeStep(nn.Cell):
         lo = ops.zeros_like(upto) if self.context_window is None else ops.maximum(upto - self.context_window, 0)
         return (pair >= lo) & (pair < upto)
 
-    def extend(self, result, accepted, emitted, accepted_aux, committed_len):
+    def extend(self, result, accepted_aux, committed_len):
         """Commit pairs L .. L+A in one (D+1)-row extend call (module doc, step 1); its rows' inputs in one
         kernel (``ExtendInputs``) with the fused CPU kernels."""
         if self.extend_kernel is not None:
             ids, positions, slots, allowed = self.extend_kernel(result, committed_len, self.extend_settings,
                                                                 self.columns)
             return self.draft(ids, accepted_aux, positions, slots, allowed)
+        accepted = result[:, ACCEPTED_COLUMN]                                # [B] A (-1: no step yet)
+        emitted = result[:, token_columns(self.d)]                           # [B, D+1]
         b = emitted.shape[0]
         rows = ops.broadcast_to(self.rows, (b, self.d + 1))                  # [B, D+1]
         start = committed_len.reshape(b, 1).astype(ms.int32)
@@ -143,13 +143,15 @@ class DraftTreeStep(nn.Cell):
         allowed = self.visible(ops.where(real, start + rows + 1, 0)) | own  # a real row sees up to itself
         return self.draft(ids, accepted_aux, positions, slots, allowed)
 
-    def root_pair(self, result, accepted, emitted, logprob, ids, hidden):
+    def root_pair(self, result, logprob, ids, hidden):
         """(token [B], top-K logprob [B,K], target ids [B,K], hidden [B,H]) of the new last pair, kept; the
         selection in one kernel (``RootPair``) with the fused CPU kernels."""
         store = self.draft.root_pair
         if self.root_kernel is not None:
             return store.keep(*self.root_kernel(result, logprob, ids, hidden, store.token, store.logprob,
                                                 store.target_ids, store.hidden))
+        accepted = result[:, ACCEPTED_COLUMN]                                # [B] A (-1: no step yet)
+        emitted = result[:, token_columns(self.d)]                           # [B, D+1]
         fresh = accepted >= 0                                                # [B]
         row = ops.maximum(accepted, 0).reshape(-1, 1)                        # [B, 1]
         token = ops.where(fresh, ops.gather_elements(emitted, 1, row)[:, 0], store.token)

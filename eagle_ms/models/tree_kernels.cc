@@ -21,22 +21,11 @@
 #include <cstring>
 #include <vector>
 
+#include "kernel_common.h"
+
 namespace {
 
 enum IntRow { kToken = 0, kParent = 1, kValid = 2 };
-
-bool dtypes_are(const char **dtypes, const char *const *want, int n) {
-  for (int i = 0; i < n; ++i) {
-    if (std::strcmp(dtypes[i], want[i]) != 0) return false;
-  }
-  return true;
-}
-
-int64_t elements(int ndim, const int64_t *shape) {
-  int64_t n = 1;
-  for (int i = 0; i < ndim; ++i) n *= shape[i];
-  return n;
-}
 
 // Indices 0..n-1 ordered by (score descending, index ascending): std::stable_sort keeps equal scores in
 // index order. Only ``want`` leading entries are needed; n is at most a few hundred.
@@ -61,10 +50,10 @@ extern "C" int TreeStart(int nparam, void **params, int *ndims, int64_t **shapes
   if (!dtypes_are(dtypes, want, 8)) return 2;
   const int64_t b = shapes[0][0], top = shapes[0][ndims[0] - 1];
   const int64_t k = ndims[2] == 2 ? shapes[2][0] : 0, c = ndims[2] == 2 ? shapes[2][1] : 0;
-  if (k < 1 || k > top || k > c || elements(ndims[1], shapes[1]) != b * top ||
-      elements(ndims[3], shapes[3]) != b * c || elements(ndims[4], shapes[4]) != b * 3 * c ||
-      elements(ndims[5], shapes[5]) != b * k || elements(ndims[6], shapes[6]) != b * k ||
-      elements(ndims[7], shapes[7]) != b * k)
+  if (k < 1 || k > top || k > c || element_count(ndims[1], shapes[1]) != b * top ||
+      element_count(ndims[3], shapes[3]) != b * c || element_count(ndims[4], shapes[4]) != b * 3 * c ||
+      element_count(ndims[5], shapes[5]) != b * k || element_count(ndims[6], shapes[6]) != b * k ||
+      element_count(ndims[7], shapes[7]) != b * k)
     return 3;
   const float *root_lp = static_cast<const float *>(params[0]);
   const int32_t *root_ids = static_cast<const int32_t *>(params[1]);
@@ -109,9 +98,9 @@ extern "C" int TreeGrow(int nparam, void **params, int *ndims, int64_t **shapes,
   const int64_t b = shapes[0][0], c = shapes[0][ndims[0] - 1], k = shapes[2][ndims[2] - 1];
   const int64_t top = shapes[4][ndims[4] - 1];
   const int32_t first = *static_cast<const int32_t *>(params[6]);
-  if (k < 1 || k > top || elements(ndims[0], shapes[0]) != b * c || elements(ndims[1], shapes[1]) != b * 3 * c ||
-      elements(ndims[2], shapes[2]) != b * k || elements(ndims[3], shapes[3]) != b * k ||
-      elements(ndims[4], shapes[4]) != b * k * top || elements(ndims[5], shapes[5]) != b * k * top ||
+  if (k < 1 || k > top || element_count(ndims[0], shapes[0]) != b * c || element_count(ndims[1], shapes[1]) != b * 3 * c ||
+      element_count(ndims[2], shapes[2]) != b * k || element_count(ndims[3], shapes[3]) != b * k ||
+      element_count(ndims[4], shapes[4]) != b * k * top || element_count(ndims[5], shapes[5]) != b * k * top ||
       first < k || first + k * k > c)
     return 3;
   const float *in_scores = static_cast<const float *>(params[0]);
@@ -175,10 +164,10 @@ extern "C" int ExtendInputs(int nparam, void **params, int *ndims, int64_t **sha
   if (!dtypes_are(dtypes, want, 8)) return 2;
   if (ndims[0] != 2 || ndims[3] != 1) return 3;
   const int64_t b = shapes[0][0], rows = (shapes[0][1] - 1) / 2, width = shapes[3][0];
-  if (shapes[0][1] < 5 || shapes[0][1] % 2 == 0 || elements(ndims[1], shapes[1]) != b ||
-      elements(ndims[2], shapes[2]) != 3 || elements(ndims[4], shapes[4]) != b * rows ||
-      elements(ndims[5], shapes[5]) != b * rows || elements(ndims[6], shapes[6]) != b * rows ||
-      elements(ndims[7], shapes[7]) != b * rows * width)
+  if (shapes[0][1] < 5 || shapes[0][1] % 2 == 0 || element_count(ndims[1], shapes[1]) != b ||
+      element_count(ndims[2], shapes[2]) != 3 || element_count(ndims[4], shapes[4]) != b * rows ||
+      element_count(ndims[5], shapes[5]) != b * rows || element_count(ndims[6], shapes[6]) != b * rows ||
+      element_count(ndims[7], shapes[7]) != b * rows * width)
     return 3;
   const int32_t *result = static_cast<const int32_t *>(params[0]);
   const int32_t *committed_len = static_cast<const int32_t *>(params[1]);
@@ -222,12 +211,12 @@ extern "C" int RootPair(int nparam, void **params, int *ndims, int64_t **shapes,
   if (!dtypes_are(dtypes, want, 12)) return 2;
   if (ndims[0] != 2 || ndims[1] != 3 || ndims[3] != 3) return 3;
   const int64_t b = shapes[0][0], rows = shapes[1][1], top = shapes[1][2], h = shapes[3][2];
-  if (shapes[0][1] != 2 * rows + 1 || shapes[1][0] != b || elements(ndims[2], shapes[2]) != b * rows * top ||
-      shapes[3][0] != b || shapes[3][1] != rows || elements(ndims[4], shapes[4]) != b ||
-      elements(ndims[5], shapes[5]) != b * top || elements(ndims[6], shapes[6]) != b * top ||
-      elements(ndims[7], shapes[7]) != b * h || elements(ndims[8], shapes[8]) != b ||
-      elements(ndims[9], shapes[9]) != b * top || elements(ndims[10], shapes[10]) != b * top ||
-      elements(ndims[11], shapes[11]) != b * h)
+  if (shapes[0][1] != 2 * rows + 1 || shapes[1][0] != b || element_count(ndims[2], shapes[2]) != b * rows * top ||
+      shapes[3][0] != b || shapes[3][1] != rows || element_count(ndims[4], shapes[4]) != b ||
+      element_count(ndims[5], shapes[5]) != b * top || element_count(ndims[6], shapes[6]) != b * top ||
+      element_count(ndims[7], shapes[7]) != b * h || element_count(ndims[8], shapes[8]) != b ||
+      element_count(ndims[9], shapes[9]) != b * top || element_count(ndims[10], shapes[10]) != b * top ||
+      element_count(ndims[11], shapes[11]) != b * h)
     return 3;
   const int32_t *result = static_cast<const int32_t *>(params[0]);
   const float *logprob = static_cast<const float *>(params[1]), *hidden = static_cast<const float *>(params[3]);
@@ -262,8 +251,8 @@ extern "C" int FrontierInputs(int nparam, void **params, int *ndims, int64_t **s
   if (ndims[0] != 3 || ndims[1] != 3) return 3;
   const int64_t b = shapes[0][0], k = shapes[0][1], h = shapes[0][2], w = shapes[1][2];
   const int32_t own_first = *static_cast<const int32_t *>(params[3]);
-  if (shapes[1][0] != b || shapes[1][1] != k || elements(ndims[2], shapes[2]) != b * k ||
-      elements(ndims[4], shapes[4]) != b * k * h || elements(ndims[5], shapes[5]) != b * k * w ||
+  if (shapes[1][0] != b || shapes[1][1] != k || element_count(ndims[2], shapes[2]) != b * k ||
+      element_count(ndims[4], shapes[4]) != b * k * h || element_count(ndims[5], shapes[5]) != b * k * w ||
       own_first < 0 || own_first + k > w)
     return 3;
   const float *hidden = static_cast<const float *>(params[0]);
@@ -304,7 +293,7 @@ extern "C" int TreeFinish(int nparam, void **params, int *ndims, int64_t **shape
   const int64_t b = shapes[kScores][0], c = shapes[kScores][ndims[kScores] - 1];
   const bool layout_2d = ndims[kLayout] == 2;
   const int64_t levels = layout_2d ? shapes[kLayout][0] : 0, n = layout_2d ? shapes[kLayout][1] : 0, m = n - 1;
-  const auto size = [&](int i) { return elements(ndims[i], shapes[i]); };
+  const auto size = [&](int i) { return element_count(ndims[i], shapes[i]); };
   if (n < 1 || levels < 1 || size(kScores) != b * c || size(kInts) != b * 3 * c || size(kRoot) != b ||
       size(kLength) != b || size(kTokens) != b * n || size(kAncestors) != b * levels * n ||
       size(kMask) != b * n * n || size(kPaths) != b * m * levels || size(kNodeScores) != b * n)

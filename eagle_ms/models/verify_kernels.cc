@@ -9,22 +9,7 @@
 #include <cstdint>
 #include <cstring>
 
-namespace {
-
-int64_t product(int ndim, const int64_t *shape) {
-  int64_t n = 1;
-  for (int i = 0; i < ndim; ++i) n *= shape[i];
-  return n;
-}
-
-bool dtypes_match(const char **dtypes, const char *const *want, int n) {
-  for (int i = 0; i < n; ++i) {
-    if (std::strcmp(dtypes[i], want[i]) != 0) return false;
-  }
-  return true;
-}
-
-}  // namespace
+#include "kernel_common.h"
 
 // VerifyMask(committed_len [B] i32, tree_mask [B, N, N] bool, layout [W] i32 (its shape only))
 //   -> allowed [B, N, W] bool: row k may attend to slots [0, L) and to slot L + j where tree_mask[k, j]
@@ -33,10 +18,10 @@ extern "C" int VerifyMask(int nparam, void **params, int *ndims, int64_t **shape
                           void *, void *) {
   static const char *const want[] = {"int32", "bool", "int32", "bool"};
   if (nparam != 4) return 1;
-  if (!dtypes_match(dtypes, want, 4)) return 2;
+  if (!dtypes_are(dtypes, want, 4)) return 2;
   if (ndims[1] != 3 || ndims[2] != 1) return 3;
   const int64_t b = shapes[1][0], n = shapes[1][1], w = shapes[2][0];
-  if (shapes[1][2] != n || product(ndims[0], shapes[0]) != b || product(ndims[3], shapes[3]) != b * n * w) return 3;
+  if (shapes[1][2] != n || element_count(ndims[0], shapes[0]) != b || element_count(ndims[3], shapes[3]) != b * n * w) return 3;
   const int32_t *committed_len = static_cast<const int32_t *>(params[0]);
   const uint8_t *tree_mask = static_cast<const uint8_t *>(params[1]);
   uint8_t *allowed = static_cast<uint8_t *>(params[3]);
@@ -64,12 +49,12 @@ extern "C" int GreedyAccept(int nparam, void **params, int *ndims, int64_t **sha
                             void *, void *) {
   static const char *const want[] = {"int32", "int32", "int32", "int32", "int32", "int32"};
   if (nparam != 6) return 1;
-  if (!dtypes_match(dtypes, want, 6)) return 2;
+  if (!dtypes_are(dtypes, want, 6)) return 2;
   if (ndims[0] != 2 || ndims[2] != 3) return 3;
   const int64_t b = shapes[0][0], n = shapes[0][1], p = shapes[2][1], width = shapes[2][2];
-  if (p < 1 || width < 2 || product(ndims[1], shapes[1]) != b * n || shapes[2][0] != b ||
-      product(ndims[3], shapes[3]) != b * p || product(ndims[4], shapes[4]) != b * (2 * width + 1) ||
-      product(ndims[5], shapes[5]) != b * width)
+  if (p < 1 || width < 2 || element_count(ndims[1], shapes[1]) != b * n || shapes[2][0] != b ||
+      element_count(ndims[3], shapes[3]) != b * p || element_count(ndims[4], shapes[4]) != b * (2 * width + 1) ||
+      element_count(ndims[5], shapes[5]) != b * width)
     return 3;
   const int32_t *tokens = static_cast<const int32_t *>(params[0]), *argmax = static_cast<const int32_t *>(params[1]);
   const int32_t *paths = static_cast<const int32_t *>(params[2]);
