@@ -269,9 +269,10 @@ extern "C" int MaskedSoftmax(int nparam, void **params, int *ndims, int64_t **sh
 // the slot), so no additive mask is built; a dropped slot gets probability exactly 0 (its value vector is
 // weighted by 0: it adds exactly +0 for the finite values a cache holds). Every row keeps at least one slot
 // (the callers' contract).
-// Each row's arithmetic is fixed: its scores are sequential sums over D, its softmax and its value sum run
-// over its kept slots in ascending order. So a row's result does not depend on N, on the other rows or on
-// the window's dropped slots (tests/test_cpu_kernels.py checks this bitwise).
+// Each row's arithmetic is fixed: its scores are sequential sums over D, its softmax sums its kept slots'
+// exponentials in kLanes partial sums (slot j into lane j % kLanes, ascending j) and its value sum runs over
+// its kept slots in ascending order. So a row's result does not depend on N, on the other rows or on the
+// window's dropped slots (tests/test_cpu_kernels.py checks this bitwise), nor on the build's vector width.
 // Layout of the work: per (b, h) the keys of slots [0, J) (J = 1 + the last slot any row of b keeps) are
 // transposed once into [D, J'] (J' = J rounded up to kSlotBlock, zero padded), so that scores are vector
 // multiply-adds with no horizontal sums; the G*N rows of a KV head go kRowBlock at a time, so that each key
@@ -281,73 +282,95 @@ namespace {
 constexpr int64_t kSlotBlock = 16;
 constexpr int64_t kRowBlock = 4;
 
-// Eight floats as one vector (GCC/Clang vector extension: AVX on x86-64 with -march=native, NEON pairs on
-// ARM); arithmetic on it is lane by lane, so each lane's sums keep their order.
-typedef float Vec8 __attribute__((vector_size(32)));
+// The widest float vector the build targets (GCC/Clang vector extension): 16 lanes (one AVX-512 register)
+// when -march=native finds AVX-512, else 8 (one AVX register on x86-64, two NEON quads on ARM). Arithmetic
+// on it is lane by lane, so each lane's sums keep their order whatever the width: the results are the same
+// bits on every width. (A 16-lane type without AVX-512 compiles to slow code: this kernel ran 5x slower on an AVX2 build.)
+#if defined(__AVX512F__)
+typedef float VecF __attribute__((vector_size(64)));
+#else
+typedef float VecF __attribute__((vector_size(32)));
+#endif
+constexpr int64_t kVecLanes = sizeof(VecF) / sizeof(float);
+constexpr int64_t kBlockVecs = kSlotBlock / kVecLanes;  // vectors per 16 slots (or 16 head columns)
 
-inline Vec8 load8(const float *p) {
-  Vec8 v;
+inline VecF load_vec(const float *p) {
+  VecF v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
 
-inline void store8(float *p, Vec8 v) { std::memcpy(p, &v, sizeof v); }
+inline void store_vec(float *p, VecF v) { std::memcpy(p, &v, sizeof v); }
 
 // For the kRowBlock query rows qr[r]: scores[r][j] = sum over e (in order) of qr[r][e] * keys_t[e][j], j in
 // [0, padded); keys_t is [d, padded] (padded a multiple of kSlotBlock = 16), scores rows are ``padded`` apart.
 void block_scores(const float *const *qr, const float *keys_t, int64_t d, int64_t padded, float *scores) {
   for (int64_t jb = 0; jb < padded; jb += kSlotBlock) {
-    Vec8 acc[kRowBlock][2] = {};
+    VecF acc[kRowBlock][kBlockVecs] = {};
     for (int64_t e = 0; e < d; ++e) {
-      const Vec8 k0 = load8(keys_t + e * padded + jb), k1 = load8(keys_t + e * padded + jb + 8);
+      VecF keys[kBlockVecs];
+      for (int64_t u = 0; u < kBlockVecs; ++u) keys[u] = load_vec(keys_t + e * padded + jb + u * kVecLanes);
       for (int64_t r = 0; r < kRowBlock; ++r) {
         const float qe = qr[r][e];
-        acc[r][0] += qe * k0;
-        acc[r][1] += qe * k1;
+        for (int64_t u = 0; u < kBlockVecs; ++u) acc[r][u] += qe * keys[u];
       }
     }
     for (int64_t r = 0; r < kRowBlock; ++r) {
-      store8(scores + r * padded + jb, acc[r][0]);
-      store8(scores + r * padded + jb + 8, acc[r][1]);
+      for (int64_t u = 0; u < kBlockVecs; ++u) store_vec(scores + r * padded + jb + u * kVecLanes, acc[r][u]);
     }
   }
 }
 
 // One row of scores -> its probabilities in place over slots [0, used): softmax of score*scale over the
-// kept slots (keep[j] != 0, ascending order), exactly 0 at the dropped ones.
+// kept slots (keep[j] != 0), exactly 0 at the dropped ones. The exponentials are summed in kLanes partial
+// sums (slot j into lane j % kLanes, ascending j; a dropped slot adds exactly +0) combined in lane order, so
+// the row's result does not depend on ``used`` or on the other rows; every loop is branch-free and vectorises.
 void row_probabilities(float *p, const uint8_t *keep, float scale, int64_t used) {
-  float top = -INFINITY;
-  for (int64_t j = 0; j < used; ++j) {
-    if (!keep[j]) continue;
+  float lane_top[kLanes];  // the largest kept scaled score per lane (a maximum: the order does not matter)
+  for (int u = 0; u < kLanes; ++u) lane_top[u] = -INFINITY;
+  int64_t j = 0;
+  for (; j + kLanes <= used; j += kLanes) {
+    for (int u = 0; u < kLanes; ++u) {
+      p[j + u] = p[j + u] * scale;
+      lane_top[u] = std::max(lane_top[u], keep[j + u] ? p[j + u] : -INFINITY);
+    }
+  }
+  for (int u = 0; j < used; ++u, ++j) {
     p[j] = p[j] * scale;
-    top = p[j] > top ? p[j] : top;
+    lane_top[u] = std::max(lane_top[u], keep[j] ? p[j] : -INFINITY);
   }
-  float total = 0.0f;
+  float top = lane_top[0];
+  for (int u = 1; u < kLanes; ++u) top = std::max(top, lane_top[u]);
   for (int64_t j = 0; j < used; ++j) {
-    if (!keep[j]) continue;
-    p[j] = exp_approx(p[j] - top);
-    total += p[j];
+    const float e = exp_approx(p[j] - top);  // a dropped slot's may be anything, even +inf: replaced by 0
+    p[j] = keep[j] ? e : 0.0f;
   }
-  for (int64_t j = 0; j < used; ++j) p[j] = keep[j] ? p[j] / total : 0.0f;
+  float lane[kLanes] = {0.0f};
+  for (j = 0; j + kLanes <= used; j += kLanes) {
+    for (int u = 0; u < kLanes; ++u) lane[u] += p[j + u];
+  }
+  for (int u = 0; j < used; ++u, ++j) lane[u] += p[j];
+  float total = 0.0f;
+  for (int u = 0; u < kLanes; ++u) total += lane[u];
+  for (j = 0; j < used; ++j) p[j] = p[j] / total;
 }
 
 // For the kRowBlock rows of probabilities p (rows ``padded`` apart): out[r][e] = sum over j in [0, used) (in
 // order) of p[r][j] * values[j][e]; d values per slot row. A dropped slot's weight 0 adds exactly +0.
 void block_values(const float *p, int64_t padded, const float *values, int64_t d, int64_t used, float *const *out) {
   int64_t e0 = 0;
-  for (; e0 + 16 <= d; e0 += 16) {
-    Vec8 acc[kRowBlock][2] = {};
+  for (; e0 + kSlotBlock <= d; e0 += kSlotBlock) {  // 16 head columns at a time
+    VecF acc[kRowBlock][kBlockVecs] = {};
     for (int64_t j = 0; j < used; ++j) {
-      const Vec8 v0 = load8(values + j * d + e0), v1 = load8(values + j * d + e0 + 8);
+      VecF vals[kBlockVecs];
+      for (int64_t u = 0; u < kBlockVecs; ++u) vals[u] = load_vec(values + j * d + e0 + u * kVecLanes);
       for (int64_t r = 0; r < kRowBlock; ++r) {
         const float pj = p[r * padded + j];
-        acc[r][0] += pj * v0;
-        acc[r][1] += pj * v1;
+        for (int64_t u = 0; u < kBlockVecs; ++u) acc[r][u] += pj * vals[u];
       }
     }
     for (int64_t r = 0; r < kRowBlock; ++r) {
-      store8(out[r] + e0, acc[r][0]);
-      store8(out[r] + e0 + 8, acc[r][1]);
+      for (int64_t u = 0; u < kBlockVecs; ++u) store_vec(out[r] + e0 + u * kVecLanes, acc[r][u]);
     }
   }
   for (; e0 < d; ++e0) {  // a head size that is not a multiple of 16: the last columns one at a time
@@ -387,8 +410,13 @@ extern "C" int WindowAttention(int nparam, void **params, int *ndims, int64_t **
   for (int64_t bi = 0; bi < b; ++bi) {
     const uint8_t *mb = mask + bi * n * w;
     int64_t used = 0;  // J: 1 + the last slot a row of this batch element keeps
-    for (int64_t i = 0; i < n * w; ++i) {
-      if (mb[i] && i % w + 1 > used) used = i % w + 1;
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = w; j > used; --j) {
+        if (mb[i * w + j - 1]) {
+          used = j;
+          break;
+        }
+      }
     }
     const int64_t padded = (used + kSlotBlock - 1) / kSlotBlock * kSlotBlock;
     keys_t.assign(d * padded, 0.0f);
