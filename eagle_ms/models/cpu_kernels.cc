@@ -285,8 +285,8 @@ constexpr int64_t kRowBlock = 4;
 // The widest float vector the build targets (GCC/Clang vector extension): 16 lanes (one AVX-512 register)
 // when -march=native finds AVX-512, else 8 (one AVX register on x86-64, two NEON quads on ARM). Arithmetic
 // on it is lane by lane, so each lane's sums keep their order whatever the width: the results are the same
-// bits on every width. (A 16-lane type without AVX-512 compiles to slow code: this kernel ran 5x slower on
-// an AVX2 build.)
+// bits on every width. (A 16-lane type without AVX-512 compiled to far slower code in a
+// trial.)
 #if defined(__AVX512F__)
 typedef float VecF __attribute__((vector_size(64)));
 #else
