@@ -244,17 +244,17 @@ class RuntimeConfig:
     seed: int = 0
     attention_windows: tuple[int, ...] | None = None  # attend only to slots [0, W), W = smallest window >= L+N
     dispatch_threads: int | None = None  # MindSpore runtime threads (runtime.dispatch_threads_num); None = its default
+    op_threads: int | None = None  # MindSpore CPU kernel threads (device_context.cpu.op_tuning.threads_num); None = its default
     kernels: str = "auto"  # fused CPU kernels in performance mode (eagle_ms/models/cpu_kernels.py)
 
     def __post_init__(self):
         check_choice("runtime.device_target", self.device_target, DEVICES)
         check_choice("runtime.kernels", self.kernels, KERNELS)
         check_choice("runtime.exec_mode", self.exec_mode, EXEC_MODES)
-        check_int("runtime.seq_length", self.seq_length, 2)
-        check_int("runtime.batch_size", self.batch_size, 1)
-        check_int("runtime.prefill_chunk", self.prefill_chunk, 1)
-        check_int("runtime.seed", self.seed, 0)
-        check_int("runtime.dispatch_threads", self.dispatch_threads, 1, optional=True)
+        for key, minimum in (("seq_length", 2), ("batch_size", 1), ("prefill_chunk", 1), ("seed", 0)):
+            check_int(f"runtime.{key}", getattr(self, key), minimum)
+        for key in ("dispatch_threads", "op_threads"):  # None = MindSpore's default
+            check_int(f"runtime.{key}", getattr(self, key), 1, optional=True)
         if self.prefill_chunk > self.seq_length:
             fail("runtime.prefill_chunk", self.prefill_chunk, f"must be <= seq_length {self.seq_length}")
         if self.attention_windows is not None:

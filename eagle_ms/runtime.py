@@ -23,36 +23,52 @@ ENV_MODE = "EAGLE_MS_MODE"  # reference | performance: overrides speculative.mod
 
 
 def setup_context(cfg: EagleMsConfig) -> None:
-    """Set MindSpore's device and execution mode, the runtime's dispatch threads and the global seeds."""
+    """Set MindSpore's device and execution mode, its dispatch and CPU kernel threads and the global seeds."""
     import mindspore as ms
 
     ms.set_device(cfg.runtime.device_target)
     ms.set_context(mode=ms.GRAPH_MODE if cfg.runtime.exec_mode == "graph" else ms.PYNATIVE_MODE)
     if cfg.runtime.dispatch_threads is not None:
         set_dispatch_threads(cfg.runtime.dispatch_threads)
+    if cfg.runtime.op_threads is not None:
+        set_op_threads(cfg.runtime.op_threads)
     ms.set_seed(cfg.runtime.seed)
     np.random.seed(cfg.runtime.seed)
 
 
-_DISPATCH_THREADS: list[int] = []  # the value this process set (MindSpore accepts one call per process)
+_THREADS_SET: dict[str, int] = {}  # config key -> the value this process set (MindSpore accepts one call each)
+
+
+def _set_threads_once(key: str, threads: int, setter) -> None:
+    """``setter(threads)`` once per process for config key ``key``: MindSpore refuses a second call, so
+    asking again for the same number is a no-op and asking for another one is an error naming the key."""
+    if key in _THREADS_SET:
+        if _THREADS_SET[key] != threads:
+            raise ValueError(f"config key '{key}' = {threads}: this process already runs "
+                             f"with {_THREADS_SET[key]} (MindSpore sets it once per process)")
+        return
+    setter(threads)
+    _THREADS_SET[key] = threads
 
 
 def set_dispatch_threads(threads: int) -> None:
-    """``mindspore.runtime.dispatch_threads_num(threads)``, once per process: MindSpore refuses a second
-    call, so asking again for the same number is a no-op and asking for another one is an error.
+    """``mindspore.runtime.dispatch_threads_num(threads)``, once per process (``_set_threads_once``).
 
     MindSpore's default pool has 5 threads. On the 2-core CPU, 2 threads made one warm graph called
     repeatedly 0.7x as long, but a whole speculative generation 1.9x as long (docs/teacher_profile.md):
     measure the loop, not one call, before setting it."""
     import mindspore as ms
 
-    if _DISPATCH_THREADS:
-        if _DISPATCH_THREADS[0] != threads:
-            raise ValueError(f"config key 'runtime.dispatch_threads' = {threads}: this process already runs "
-                             f"with {_DISPATCH_THREADS[0]} (MindSpore sets it once per process)")
-        return
-    ms.runtime.dispatch_threads_num(threads)
-    _DISPATCH_THREADS.append(threads)
+    _set_threads_once("runtime.dispatch_threads", threads, ms.runtime.dispatch_threads_num)
+
+
+def set_op_threads(threads: int) -> None:
+    """``mindspore.device_context.cpu.op_tuning.threads_num(threads)``, once per process
+    (``_set_threads_once``). On the 2-core CPU 1 and 2 threads timed the same as the default
+    (docs/results.md §"What the speedup bars need on this CPU")."""
+    import mindspore as ms
+
+    _set_threads_once("runtime.op_threads", threads, ms.device_context.cpu.op_tuning.threads_num)
 
 
 def decode_mode(cfg: EagleMsConfig) -> str:

@@ -22,8 +22,8 @@ def main():
     res = time_teacher_calls(runner, sizes, args.repeats, args.context)
     stages = time_step_stages(runner, [s - 1 for s in sizes if s > 1], repeats=args.repeats, context=args.context)
     m = cfg.model
-    print(json.dumps({"config": args.config, "overrides": args.set, "op_threads": args.op_threads,
-                      "layers": m.num_hidden_layers, "hidden": m.hidden_size, "context": args.context, "calls": res,
+    print(json.dumps({"config": args.config, "overrides": args.set, "layers": m.num_hidden_layers,
+                      "hidden": m.hidden_size, "context": args.context, "calls": res,
                       "stages_ms": stages}))
 
 

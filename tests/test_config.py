@@ -145,20 +145,22 @@ def test_hf_config_errors_name_the_file(tmp_path):
         model_config_from_hf(str(tmp_path))
 
 
-def test_dispatch_threads_are_set_once_per_process():
+@pytest.mark.parametrize("key,setter", [("dispatch_threads", "set_dispatch_threads"),
+                                        ("op_threads", "set_op_threads")])
+def test_thread_counts_are_set_once_per_process(key, setter):
     """The same number again is a no-op, another is refused naming the key (in a fresh process: the setting
     is process-wide); the config key takes None or an integer >= 1."""
     import subprocess
     import sys
 
-    code = ("from eagle_ms.runtime import set_dispatch_threads as s\ns(2)\ns(2)\ntry:\n    s(3)\n"
+    code = (f"from eagle_ms.runtime import {setter} as s\ns(2)\ns(2)\ntry:\n    s(3)\n"
             "except ValueError as e:\n    print(e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": REPO}).stdout
-    assert "runtime.dispatch_threads' = 3" in out and "already runs with 2" in out
+    assert f"runtime.{key}' = 3" in out and "already runs with 2" in out
     data = json.loads(json.dumps(BASE))
     for bad in (0, 1.5, "two"):
-        data["runtime"] = {"dispatch_threads": bad}
-        with pytest.raises(ValueError, match="runtime.dispatch_threads"):
+        data["runtime"] = {key: bad}
+        with pytest.raises(ValueError, match=f"runtime.{key}"):
             config_from_dict(data)
-    assert load_config(os.path.join(REPO, "configs", "demo.yaml")).runtime.dispatch_threads is None
+    assert getattr(load_config(os.path.join(REPO, "configs", "demo.yaml")).runtime, key) is None

@@ -14,14 +14,11 @@ from eagle_ms.tree import DraftTree, tensorize
 
 
 def add_timing_args(parser) -> None:
-    """The options every timing script shares: --config, --set, --repeats, --context, --op-threads."""
+    """The options every timing script shares: --config, --set, --repeats, --context."""
     parser.add_argument("--config", default="configs/tiny.yaml")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--context", type=int, default=256)
-    parser.add_argument("--op-threads", type=int, default=None,
-                        help="threads of MindSpore's CPU kernels (mindspore.device_context.cpu.op_tuning."
-                             "threads_num; default: MindSpore's own)")
 
 
 def timing_runner(args):
@@ -30,13 +27,8 @@ def timing_runner(args):
     from eagle_ms.config_yaml import parse_overrides
     from eagle_ms.runtime import build_runner, setup_context
 
-    if args.op_threads is not None and args.op_threads < 1:
-        raise ValueError(f"--op-threads = {args.op_threads}: must be at least 1")
     cfg = load_config(args.config, parse_overrides(args.set))
     setup_context(cfg)
-    if args.op_threads is not None:
-        import mindspore as ms
-        ms.device_context.cpu.op_tuning.threads_num(args.op_threads)
     return cfg, build_runner(cfg)
 
 
