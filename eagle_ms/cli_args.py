@@ -83,6 +83,8 @@ DECODE_FLAGS = (
     Flag("speculative.max_depth", "Dmax: tree depth bound"),
     Flag("speculative.top_k", "k: children per expanded draft node"),
     Flag("speculative.min_path_prob", "eagle3 depth cut"),
+    Flag("speculative.score_temperature", "eagle3: the tree ranks log-softmax(draft logits / T); < 1 favours "
+         "deep chains"),
     Flag("speculative.fallback_accept", "teacher-only steps while the mean accept_L is below this; 'auto' = "
          "the break-even measured from step times", parse=_auto_or_float),
     Flag("speculative.mode", "reference (all checks) or performance"),

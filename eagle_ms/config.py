@@ -56,11 +56,10 @@ def check_choice(key: str, value: Any, choices: tuple) -> None:
         fail(key, value, f"must be one of {list(choices)}")
 
 
-def check_float(key: str, value: Any, positive: bool = True) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        fail(key, value, "must be a number")
-    if positive and not value > 0:
-        fail(key, value, "must be > 0")
+def check_float(key: str, value: Any) -> None:
+    """A finite number > 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        fail(key, value, "must be a finite number > 0")
 
 
 # The speculative.* rules that objects built outside a config (TreeParams, SpeculationGate,
@@ -300,6 +299,7 @@ class SpeculativeConfig:
     step: str = "host"  # host: host-driven step | device: draft + verify graphs, tokens to the host | fused: one graph
     draft_window: int | None = None  # keep only the last W tokens of draft context (None = full)
     min_path_prob: float = 0.0  # eagle3: stop drafting deeper once every frontier path's probability < this
+    score_temperature: float = 1.0  # eagle3: the tree ranks log_softmax(draft logits / T); < 1 favours deep chains
     fallback_accept: float | str = 0.0  # fall back while mean accept_L < this (0 = off; auto = measured c - 1)
     fallback_steps: int = 16  # teacher-only steps per fallback period before the next speculative probe
     test_draft_error_rate: float = 0.3  # test drafter: chance a draft token is corrupted
@@ -313,6 +313,7 @@ class SpeculativeConfig:
         check_int("speculative.test_draft_branching", self.test_draft_branching, 1)
         check_draft_window(self.draft_window)
         check_min_path_prob(self.min_path_prob)
+        check_float("speculative.score_temperature", self.score_temperature)
         check_fallback(self.fallback_accept, self.fallback_steps)
         if not isinstance(self.test_draft_error_rate, (int, float)) or not 0 <= self.test_draft_error_rate <= 1:
             fail("speculative.test_draft_error_rate", self.test_draft_error_rate, "must be in [0, 1]")

@@ -316,6 +316,19 @@ def load_draft_checkpoint(path: str, teacher: ModelConfig | None = None) -> tupl
     return cfg, check_draft_state(state, cfg, st_path)
 
 
+def with_score_temperature(state: dict, temperature: float) -> dict:
+    """``state`` with ``lm_head.weight`` divided by ``temperature`` T (float64, then float32): the draft's
+    log-probs become log_softmax(logits / T), the scores that rank the draft tree
+    (``speculative.score_temperature``). Each row's top-k is unchanged; T < 1 makes likely tokens' log-probs
+    nearer 0 and unlikely ones' more negative, so the budget goes to deeper chains. The input is not
+    modified; T = 1 returns it as is."""
+    if temperature == 1.0:
+        return state
+    out = dict(state)
+    out["lm_head.weight"] = (np.asarray(state["lm_head.weight"], np.float64) / temperature).astype(np.float32)
+    return out
+
+
 def load_draft_state(draft, state: dict, embed: np.ndarray | None = None) -> None:
     """Set an ``Eagle3Draft``'s weights and d2t from a (checked) state; ``embed`` [V, H] fills an owned
     (non-shared) embedding and must be None for a draft that shares the teacher's."""

@@ -147,14 +147,16 @@ def load_tokenizer(cfg: EagleMsConfig):
 
 def eagle3_drafter_from_state(runner, draft_cfg, state: dict, budget: int, max_depth: int, top_k: int,
                               context_window: int | None = None, backend: str = "eager",
-                              min_path_prob: float = 0.0, kernels: str | None = None):
+                              min_path_prob: float = 0.0, kernels: str | None = None,
+                              score_temperature: float = 1.0):
     """An Eagle3Drafter for a TeacherRunner from a draft config + state (e.g. ``load_draft_checkpoint``).
 
     Shares the teacher's embedding Parameter (the draft's hidden size must equal the teacher's), sizes
     the draft cache as scratch + teacher capacity and uses the runner's attention windows. ``kernels``:
-    the teacher's when None.
+    the teacher's when None. ``score_temperature`` T: the drafter's log-probs are those of logits / T
+    (``draft_weights.with_score_temperature``).
     """
-    from eagle_ms.draft_weights import check_draft_matches_teacher, load_draft_state
+    from eagle_ms.draft_weights import check_draft_matches_teacher, load_draft_state, with_score_temperature
     from eagle_ms.drafting import TreeParams
     from eagle_ms.eagle3_drafter import Eagle3Drafter, scratch_size
     from eagle_ms.models.eagle3 import Eagle3Draft
@@ -168,14 +170,15 @@ def eagle3_drafter_from_state(runner, draft_cfg, state: dict, budget: int, max_d
                         embed=runner.model.model.embed_tokens.weight,
                         kernels=runner.model.kernels if kernels is None else kernels)
     draft.set_train(False)
-    load_draft_state(draft, state)
+    load_draft_state(draft, with_score_temperature(state, score_temperature))
     return Eagle3Drafter(draft, params, runner.capacity, runner.prefill_chunk, context_window,
                          attention_windows=runner.attention_windows)
 
 
 def build_eagle3_drafter(cfg: EagleMsConfig, runner):
     """The configured EAGLE-3 drafter (``speculative.draft: eagle3``): loads ``speculative.draft_path``
-    (checked against the teacher) and applies budget / max_depth / top_k / draft_window / min_path_prob."""
+    (checked against the teacher) and applies budget / max_depth / top_k / draft_window / min_path_prob /
+    score_temperature."""
     from eagle_ms.draft_weights import load_draft_checkpoint
 
     spec = cfg.speculative
@@ -183,7 +186,8 @@ def build_eagle3_drafter(cfg: EagleMsConfig, runner):
     draft_cfg, state = load_draft_checkpoint(spec.draft_path, cfg.model)
     backend = choose_backend(decode_mode(cfg), cfg.runtime.device_target, tree=True)
     return eagle3_drafter_from_state(runner, draft_cfg, state, spec.budget, spec.max_depth, spec.top_k,
-                                     spec.draft_window, backend, spec.min_path_prob)
+                                     spec.draft_window, backend, spec.min_path_prob,
+                                     score_temperature=spec.score_temperature)
 
 
 def build_test_drafter(cfg: EagleMsConfig, prompt_ids: np.ndarray, baseline_tokens):

@@ -10,13 +10,16 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
+from mindspore import Tensor
+
 from conftest import REPO
 from eagle_ms.assets import DEMO_DIR
 from eagle_ms.config import ModelConfig, load_config
 from eagle_ms.draft_weights import (ARCHITECTURE, CheckpointError, check_draft_matches_teacher, check_draft_state,
                                     default_draft_config, draft_config_from_json, draft_config_to_json, draft_state,
                                     draft_to_target, expected_draft_keys, load_draft_checkpoint, load_draft_state,
-                                    random_draft_state, save_draft_checkpoint, vocab_maps)
+                                    random_draft_state, save_draft_checkpoint, vocab_maps,
+                                    with_score_temperature)
 from eagle_ms.models.eagle3 import Eagle3Config, Eagle3Draft
 from helpers_safetensors import relabel
 
@@ -139,6 +142,31 @@ def test_cell_round_trip(tmp_path):
         np.testing.assert_array_equal(again[key], state[key], err_msg=key)
     with pytest.raises(ValueError, match="owns its embedding"):
         load_draft_state(draft, loaded)
+
+
+@pytest.mark.parametrize("temperature", [0.3, 2.5])
+def test_score_temperature_gives_log_softmax_of_logits_over_t(temperature):
+    """The tempered draft's log-probs == a float64 log-softmax of the untempered draft's log-probs / T (a
+    log-softmax is unchanged by a shift of its input, so log-probs stand in for the logits); each row's
+    top-k ids are unchanged; the input state is left as it was; T = 1 is the state itself."""
+    state = random_draft_state(REDUCED, 5, std=0.3)
+    before = {k: v.copy() for k, v in state.items()}
+    tempered = with_score_temperature(state, temperature)
+    for key in state:
+        np.testing.assert_array_equal(state[key], before[key], err_msg=key)
+    assert with_score_temperature(state, 1.0) is state
+    draft = Eagle3Draft(REDUCED, 1, 16, 2)
+    embed = np.ones((64, 32), np.float32)
+    hidden = Tensor(np.random.default_rng(3).normal(size=(1, 5, 32)).astype(np.float32))
+    load_draft_state(draft, state, embed=embed)
+    plain = draft.logprobs(hidden).asnumpy().astype(np.float64)[0]  # [5, Vd]
+    load_draft_state(draft, tempered, embed=embed)
+    got = draft.logprobs(hidden).asnumpy()[0]
+    z = plain / temperature
+    want = z - z.max(-1, keepdims=True) - np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1, keepdims=True))
+    np.testing.assert_allclose(got, want, atol=1e-4)
+    assert np.abs(got - plain).max() > 0.1  # the knob changes the scores
+    np.testing.assert_array_equal(np.argsort(-got, -1, kind="stable")[:, :2], np.argsort(-plain, -1, kind="stable")[:, :2])
 
 
 def test_random_draft_state_is_seeded():

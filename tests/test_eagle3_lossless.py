@@ -151,6 +151,14 @@ def test_cli_generate_eagle3(tmp_path, capsys):
                "--top-k", "3")
     assert spec["draft"] == "eagle3" and spec["tokens"] == base["tokens"] and len(base["tokens"]) == 16
     assert spec["verify_steps"] == len(spec["accepted_lengths"]) >= 1
+    # the tree's score temperature, on the device-resident (fused) step in reference mode: every step's device
+    # tree == the host build_tree over the same tempered draft, invariants, commit equivalence; same tokens
+    for temperature in ("0.3", "3"):
+        tempered = run("--draft", "eagle3", "--draft-path", str(tmp_path / "draft"), "--budget", "8", "--max-depth",
+                       "4", "--top-k", "3", "--score-temperature", temperature, "--step", "fused", "--mode", "reference")
+        assert tempered["tokens"] == base["tokens"], temperature
+    assert main(common + ["--draft", "eagle3", "--draft-path", str(tmp_path / "draft"), "--score-temperature", "0"]) == 2
+    assert "speculative.score_temperature" in capsys.readouterr().err
     # a draft for another teacher is refused with a clear error (exit code 2)
     other = default_draft_config(teacher, vocab_size=96, draft_vocab_size=96)
     save_draft_checkpoint(random_draft_state(other, 0), other, str(tmp_path / "other"))

@@ -192,7 +192,8 @@ def render_markdown(s: dict) -> str:
     if run.get("command"):
         lines += ["Command:", "", "```", run["command"], "```", ""]
     lines += [f"draft `{run.get('draft')}`, step `{run.get('step', 'host')}`, mode `{run.get('mode')}`, M={run.get('budget')}, "
-              f"Dmax={run.get('max_depth')}, top_k={run.get('top_k')}, draft_window={run.get('draft_window')}, "
+              f"Dmax={run.get('max_depth')}, top_k={run.get('top_k')}, score_temperature={run.get('score_temperature', 1.0)}, "
+              f"draft_window={run.get('draft_window')}, "
               f"max_new_tokens={run.get('max_new_tokens')}, {_choice(run)}, datasets {run.get('datasets')}, "
               f"world_size {run.get('world_size')}, git {str(run.get('git_commit'))[:12]}"
               f"{' (dirty)' if run.get('git_dirty') else ''}" + (", PROFILE RUN (not for headline numbers)"
