@@ -85,6 +85,8 @@ DECODE_FLAGS = (
     Flag("speculative.min_path_prob", "eagle3 depth cut"),
     Flag("speculative.score_temperature", "eagle3: the tree ranks log-softmax(draft logits / T); < 1 favours "
          "deep chains"),
+    Flag("speculative.shallow_depth", "after a step that accepted fewer than D drafts, draft a tree of depth <= D "
+         "(every candidate, up to the budget); 'none' = always the full tree", nullable=True),
     Flag("speculative.fallback_accept", "teacher-only steps while the mean accept_L is below this; 'auto' = "
          "the break-even measured from step times", parse=_auto_or_float),
     Flag("speculative.mode", "reference (all checks) or performance"),

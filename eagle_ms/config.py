@@ -41,14 +41,16 @@ def fail(key: str, value: Any, why: str, kind: str = "config key") -> NoReturn:
     raise ValueError(f"{kind} '{key}' = {value!r}: {why}")
 
 
-def check_int(key: str, value: Any, minimum: int | None = None, optional: bool = False) -> None:
-    """An integer (>= ``minimum`` when given); ``optional``: None is accepted too."""
+def check_int(key: str, value: Any, minimum: int | None = None, optional: bool = False, below: tuple | None = None) -> None:
+    """An integer (>= ``minimum``, < ``below`` = (limit, its name): when given); ``optional``: None passes too."""
     if optional and value is None:
         return
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         fail(key, value, "must be an integer")
     if minimum is not None and value < minimum:
         fail(key, value, f"must be >= {minimum}")
+    if below is not None and value >= below[0]:
+        fail(key, value, f"must be < {below[1]} {below[0]}")
 
 
 def check_choice(key: str, value: Any, choices: tuple) -> None:
@@ -103,9 +105,7 @@ def check_sampling(temperature: Any, top_k: Any, top_p: Any, seed: Any) -> None:
     check_int("generation.top_k", top_k, 0)
     if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
         fail("generation.top_p", top_p, "must be a number in (0, 1]")
-    check_int("generation.seed", seed, 0)
-    if seed >= SEED_LIMIT:
-        fail("generation.seed", seed, f"must be < 2**32 = {SEED_LIMIT}")
+    check_int("generation.seed", seed, 0, below=(SEED_LIMIT, "2**32 ="))
 
 
 @dataclass(frozen=True)
@@ -172,9 +172,7 @@ class ModelConfig:
                      "num_attention_heads", "num_key_value_heads", "max_position_embeddings"):
             check_int(f"{p}.{name}", getattr(self, name), 1)
         for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
-            check_int(f"{p}.{name}", getattr(self, name), 0)
-            if getattr(self, name) >= self.vocab_size:
-                fail(f"{p}.{name}", getattr(self, name), f"must be < vocab_size {self.vocab_size}")
+            check_int(f"{p}.{name}", getattr(self, name), 0, below=(self.vocab_size, "vocab_size"))
         if self.num_attention_heads % self.num_key_value_heads:
             fail(f"{p}.num_key_value_heads", self.num_key_value_heads, f"must divide num_attention_heads {self.num_attention_heads}")
         if self.head_dim is None:
@@ -300,6 +298,7 @@ class SpeculativeConfig:
     draft_window: int | None = None  # keep only the last W tokens of draft context (None = full)
     min_path_prob: float = 0.0  # eagle3: stop drafting deeper once every frontier path's probability < this
     score_temperature: float = 1.0  # eagle3: the tree ranks log_softmax(draft logits / T); < 1 favours deep chains
+    shallow_depth: int | None = None  # after a step accepting < this many drafts, draft a tree this deep (None: off)
     fallback_accept: float | str = 0.0  # fall back while mean accept_L < this (0 = off; auto = measured c - 1)
     fallback_steps: int = 16  # teacher-only steps per fallback period before the next speculative probe
     test_draft_error_rate: float = 0.3  # test drafter: chance a draft token is corrupted
@@ -314,6 +313,7 @@ class SpeculativeConfig:
         check_draft_window(self.draft_window)
         check_min_path_prob(self.min_path_prob)
         check_float("speculative.score_temperature", self.score_temperature)
+        check_int("speculative.shallow_depth", self.shallow_depth, 1, True, (self.max_depth, "speculative.max_depth"))
         check_fallback(self.fallback_accept, self.fallback_steps)
         if not isinstance(self.test_draft_error_rate, (int, float)) or not 0 <= self.test_draft_error_rate <= 1:
             fail("speculative.test_draft_error_rate", self.test_draft_error_rate, "must be in [0, 1]")

@@ -22,6 +22,7 @@ import numpy as np
 
 from mindspore import Tensor
 
+from eagle_ms.drafting import TreeParams
 from eagle_ms.eagle3_drafter import Eagle3Drafter
 from eagle_ms.models.draft_tree_step import ACCEPTED_COLUMN, OUTPUT_NAMES, DraftTreeStep, result_width
 from eagle_ms.tree import TreeTensors
@@ -99,24 +100,31 @@ class DeviceTreeDrafter:
                 return w
         raise ValueError(f"draft cache full: {length} pairs needed, capacity {self.capacity}")
 
-    def graph(self, window: int) -> DraftTreeStep:
-        if window not in self.steps:
+    def graph(self, window: int, params: TreeParams | None = None) -> DraftTreeStep:
+        """The window's draft graph for the tree ``params`` (None: the drafter's own; a shallow tree of
+        ``TreeParams.shallow`` gets a graph of its own with the same D-shaped inputs and outputs)."""
+        params = self.params if params is None else params
+        if (window, params) not in self.steps:
             d = self.drafter
-            self.steps[window] = DraftTreeStep(d.draft, d.params, d.context_window, self.capacity, window)
-        return self.steps[window]
+            self.steps[window, params] = DraftTreeStep(d.draft, params, d.context_window, self.capacity, window,
+                                                       tensor_depth=self.params.max_depth)
+        return self.steps[window, params]
 
-    def step(self, result, accepted_aux, committed_len: int, accepted: int) -> DeviceTree:
+    def step(self, result, accepted_aux, committed_len: int, accepted: int,
+             params: TreeParams | None = None) -> DeviceTree:
         """Extend by the previous verify's result and draft the next tree (one graph call).
 
         result [1, 2D+3] int32 and accepted_aux [1, D+1, 3Ht] (Tensors or arrays; padding rows any finite
-        values), committed_len L (pairs committed before this call), accepted A (-1: no step yet). Raises
-        ValueError naming the value when A is out of range or L + A + 1 pairs do not fit the cache.
+        values), committed_len L (pairs committed before this call), accepted A (-1: no step yet),
+        ``params``: the tree to draft (None: the drafter's own). Raises ValueError naming the value when A
+        is out of range or L + A + 1 pairs do not fit the cache.
         """
         length = self.next_length(committed_len, accepted)
-        outputs = self.graph(self.window(length))(as_tensor(result, np.int32), as_tensor(accepted_aux, np.float32),
-                                                   Tensor(np.array([committed_len], np.int32)))
+        outputs = self.graph(self.window(length), params)(
+            as_tensor(result, np.int32), as_tensor(accepted_aux, np.float32),
+            Tensor(np.array([committed_len], np.int32)))
         self.drafter.follow_device(length)
-        return self.tree(outputs, length)
+        return self.tree(outputs, length, params)
 
     def next_length(self, committed_len: int, accepted: int) -> int:
         """L' = L + A + 1, the committed length the next tree is drafted at. Raises ValueError naming the
@@ -130,17 +138,19 @@ class DeviceTreeDrafter:
                              f"[1, capacity {self.capacity}]")
         return length
 
-    def tree(self, outputs, length: int) -> DeviceTree:
-        """The twelve DraftTreeStep outputs (OUTPUT_NAMES order) of the tree drafted at L' = ``length``."""
-        return DeviceTree(*outputs, committed_len=length, budget=self.params.budget, max_depth=self.params.max_depth)
+    def tree(self, outputs, length: int, params: TreeParams | None = None) -> DeviceTree:
+        """The twelve DraftTreeStep outputs (OUTPUT_NAMES order) of the tree drafted at L' = ``length``
+        with ``params`` (None: the drafter's own; the tensors are D = the drafter's max_depth deep)."""
+        budget = (self.params if params is None else params).budget
+        return DeviceTree(*outputs, committed_len=length, budget=budget, max_depth=self.params.max_depth)
 
-    def warm_up(self, windows=None) -> None:
-        """Compile the graph of every attention window (or of ``windows``). Each call has A = -1, so it
-        writes only scratch slots and stores the root pair it read; the drafter is left empty (``begin``
-        comes next)."""
+    def warm_up(self, windows=None, params: TreeParams | None = None) -> None:
+        """Compile the graph of every attention window (or of ``windows``) for the tree ``params`` (None:
+        the drafter's own). Each call has A = -1, so it writes only scratch slots and stores the root pair
+        it read; the drafter is left empty (``begin`` comes next)."""
         result, aux = (Tensor(x) for x in no_step_inputs(self.params.max_depth, self.aux_width))
         for w in self.drafter.attention_windows if windows is None else windows:
-            self.graph(w)(result, aux, Tensor(np.array([w], np.int32)))
+            self.graph(w, params)(result, aux, Tensor(np.array([w], np.int32)))
         self.drafter.length = 0
 
 

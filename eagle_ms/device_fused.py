@@ -22,6 +22,7 @@ from mindspore import Tensor
 
 from eagle_ms.device_drafter import DeviceTree, DeviceTreeDrafter, as_tensor, no_step_inputs
 from eagle_ms.device_verify import DeviceVerifier
+from eagle_ms.drafting import TreeParams
 from eagle_ms.models.draft_tree_step import OUTPUT_NAMES
 from eagle_ms.models.fused_step import FusedTreeStep
 
@@ -35,19 +36,22 @@ class FusedTreeSteps:
             raise ValueError(f"draft max_depth {device_tree.params.max_depth} != verifier max_depth "
                              f"{verifier.max_depth}")
         self.device_tree, self.verifier, self.runner = device_tree, verifier, verifier.runner
-        self.nodes = device_tree.params.budget + 1  # N
-        self.graphs: dict[int, FusedTreeStep] = {}
+        self.graphs: dict[tuple[int, TreeParams], FusedTreeStep] = {}
 
-    def graph(self, window: int) -> FusedTreeStep:
-        """The window's fused graph (built on first use; compiled on its first call)."""
-        if window not in self.graphs:
-            self.graphs[window] = FusedTreeStep(self.device_tree.graph(window), self.verifier.steps[window],
-                                                with_tree=self.verifier.reference)
-        return self.graphs[window]
+    def graph(self, window: int, params: TreeParams | None = None) -> FusedTreeStep:
+        """The window's fused graph for the tree ``params`` (None: the drafter's own), built on first use
+        and compiled on its first call."""
+        params = self.device_tree.params if params is None else params
+        if (window, params) not in self.graphs:
+            self.graphs[window, params] = FusedTreeStep(self.device_tree.graph(window, params),
+                                                        self.verifier.steps[window], with_tree=self.verifier.reference)
+        return self.graphs[window, params]
 
-    def call(self, result, accepted_aux, committed_len: int, accepted: int) -> tuple[tuple, DeviceTree | None]:
+    def call(self, result, accepted_aux, committed_len: int, accepted: int,
+             params: TreeParams | None = None) -> tuple[tuple, DeviceTree | None]:
         """Extend the draft by the previous step (L = ``committed_len``, A = ``accepted``; A = -1: no step
-        since ``begin``/``observe``), draft the tree at L' = L + A + 1 and verify it: one graph call.
+        since ``begin``/``observe``), draft the tree ``params`` (None: the drafter's own) at L' = L + A + 1
+        and verify it: one graph call.
 
         Returns (the verify outputs for ``DeviceVerifier.read_step``, the tree or None). Nothing is read
         back here. Raises ValueError, before any call, when L' is not the teacher's committed length or
@@ -56,24 +60,26 @@ class FusedTreeSteps:
         if length != self.runner.length:
             raise ValueError(f"the draft would be at {length} committed pairs (L {committed_len} + A {accepted} "
                              f"+ 1) but the teacher cache holds {self.runner.length}")
-        window = self.runner.attention_width(length + self.nodes)  # ValueError when the tree does not fit
-        outputs = self.graph(window)(as_tensor(result, np.int32), as_tensor(accepted_aux, np.float32),
-                                     Tensor(np.array([committed_len], np.int32)))
+        nodes = (self.device_tree.params if params is None else params).budget + 1  # N
+        window = self.runner.attention_width(length + nodes)  # ValueError when the tree does not fit
+        outputs = self.graph(window, params)(as_tensor(result, np.int32), as_tensor(accepted_aux, np.float32),
+                                             Tensor(np.array([committed_len], np.int32)))
         self.device_tree.drafter.follow_device(length)
         if not self.verifier.reference:
             return outputs, None
         split = len(outputs) - len(OUTPUT_NAMES)  # the verify outputs, then the tree's
-        return outputs[:split], self.device_tree.tree(outputs[split:], length)
+        return outputs[:split], self.device_tree.tree(outputs[split:], length, params)
 
-    def warm_up(self) -> None:
-        """Compile every window's graph that a tree fits (W >= N + 1). Each call has A = -1 and L' = W - N:
-        the draft half writes scratch slots only and keeps the root pair it read, the verify half writes
-        teacher slots past the committed region. Leaves both caches empty (the drafter's ``begin`` comes
-        next)."""
+    def warm_up(self, params: TreeParams | None = None) -> None:
+        """Compile every window's graph that a tree of ``params`` (None: the drafter's own) fits
+        (W >= N + 1). Each call has A = -1 and L' = W - N: the draft half writes scratch slots only and
+        keeps the root pair it read, the verify half writes teacher slots past the committed region.
+        Leaves both caches empty (the drafter's ``begin`` comes next)."""
+        nodes = (self.device_tree.params if params is None else params).budget + 1
         result, aux = (Tensor(x) for x in no_step_inputs(self.verifier.max_depth, self.verifier.aux_width))
         for window in self.runner.attention_windows:
-            if window >= self.nodes + 1:
-                self.graph(window)(result, aux, Tensor(np.array([window - self.nodes], np.int32)))
+            if window >= nodes + 1:
+                self.graph(window, params)(result, aux, Tensor(np.array([window - nodes], np.int32)))
         self.runner.reset()
         self.device_tree.drafter.length = 0
 

@@ -40,6 +40,7 @@ from eagle_ms.device_drafter import DeviceTreeDrafter, no_step_inputs
 from eagle_ms.device_fused import FusedTreeSteps
 from eagle_ms.device_verify import DeviceStep, DeviceVerifier, TreeInputs
 from eagle_ms.draft_tree_check import check_device_tree
+from eagle_ms.drafting import TreeParams
 from eagle_ms.host_step import Clock, StepOutcome, check_commit, first_token
 from eagle_ms.tree import TreeTensors, tensorize
 from eagle_ms.tree_checks import check_invariants
@@ -82,18 +83,20 @@ class DeviceSteps:
             self.host_drafter.begin(prompt_ids, aux, root)
         return root, time.perf_counter() - t0
 
-    def step(self, root: int, speculate: bool) -> StepOutcome:
+    def step(self, root: int, speculate: bool, params: TreeParams | None = None) -> StepOutcome:
+        """One step; ``params``: the tree to draft (None: the drafter's own; eagle_ms/depth_policy.py)."""
         runner, settings, clock = self.runner, self.settings, Clock()
         start = runner.length
-        room = start + settings.budget + 1 <= runner.capacity
+        budget = settings.budget if params is None else params.budget
+        room = start + budget + 1 <= runner.capacity
         drafted = self.has_drafter and speculate and room
         host_tree = None
         if drafted and self.device_tree is not None:
-            step, host_tree = self._device_tree_step(clock)
+            step, host_tree = self._device_tree_step(clock, params)
         elif drafted:
-            tree = self.host_drafter.propose(root)
+            tree = self.host_drafter.propose(root) if params is None else self.host_drafter.propose(root, params)
             clock.lap("draft")
-            host_tree = tensorize(tree, start, settings.budget, settings.max_depth)
+            host_tree = tensorize(tree, start, budget, settings.max_depth)
             if settings.reference_checks:
                 check_invariants(host_tree, settings.run_dir)
             clock.lap("tensorize")
@@ -109,7 +112,7 @@ class DeviceSteps:
         clock.lap("commit")
         if self.has_drafter:
             self._pending.append((start, root, step))
-        nodes, depth = self._tree_size(drafted, host_tree)
+        nodes, depth = self._tree_size(drafted, host_tree, params)
         return StepOutcome(step.tokens, step.accepted_len, step.node_ids, drafted, nodes, depth, step.copied,
                            clock)
 
@@ -122,19 +125,20 @@ class DeviceSteps:
 
     # ------------------------------------------------------------------ internals
 
-    def _device_tree_step(self, clock: Clock) -> tuple[DeviceStep, TreeTensors | None]:
-        """A drafted step of the device tree: two graph calls (stages ``draft``, ``verify``) or one fused
-        call (stage ``draft_verify``: the call, then the result read and the commit). Reference mode reads
-        the tree back between them and checks it (stage ``tensorize``); returns (step, host tree or None)."""
+    def _device_tree_step(self, clock: Clock, params: TreeParams | None) -> tuple[DeviceStep, TreeTensors | None]:
+        """A drafted step of the device tree ``params`` (None: the drafter's own): two graph calls (stages
+        ``draft``, ``verify``) or one fused call (stage ``draft_verify``: the call, then the result read and
+        the commit). Reference mode reads the tree back between them and checks it (stage ``tensorize``);
+        returns (step, host tree or None)."""
         settings, fused = self.settings, self.fused
         if fused is not None:
-            outputs, tree = fused.call(*self.draft_inputs())
+            outputs, tree = fused.call(*self.draft_inputs(), params)
         else:
-            tree = self.device_tree.step(*self.draft_inputs())
+            tree = self.device_tree.step(*self.draft_inputs(), params)
         clock.lap("draft" if fused is None else "draft_verify")
         host_tree = None
         if settings.reference_checks:
-            host_tree = check_device_tree(self.device_tree.drafter, tree, settings.run_dir).tensors
+            host_tree = check_device_tree(self.device_tree.drafter, tree, settings.run_dir, params).tensors
             check_invariants(host_tree, settings.run_dir)
         clock.lap("tensorize")
         if fused is not None:
@@ -165,11 +169,11 @@ class DeviceSteps:
         drafter.observe(np.concatenate(committed), np.concatenate(aux), next_root)
         self._pending.clear()
 
-    def _tree_size(self, drafted: bool, host_tree) -> tuple[int, int | None]:
+    def _tree_size(self, drafted: bool, host_tree, params: TreeParams | None) -> tuple[int, int | None]:
         if not drafted:
             return 0, 0
         if host_tree is not None:
             return int(host_tree.valid.sum()) - 1, int(host_tree.depth.max())
-        p = self.device_tree.params
+        p = self.device_tree.params if params is None else params
         return min(p.budget, p.max_candidates), None  # not read back in performance mode (a depth cut may draft fewer)
 

@@ -17,6 +17,7 @@ from typing import Optional
 import numpy as np
 
 from eagle_ms.device_drafter import DeviceTree, HostTree
+from eagle_ms.drafting import TreeParams
 from eagle_ms.eagle3_drafter import Eagle3Drafter
 from eagle_ms.trace import write_failure_dump
 from eagle_ms.tree import DraftTree, TreeTensors, tensorize
@@ -44,11 +45,12 @@ def host_tree(tree: DraftTree, length: int, budget: int, max_depth: int) -> Host
     return HostTree(tensorize(tree, length, budget, max_depth), scores)
 
 
-def reference_tree(drafter: Eagle3Drafter, length: int) -> HostTree:
-    """The host path's tree for the teacher at L' = ``length``, from the root pair a device step kept."""
+def reference_tree(drafter: Eagle3Drafter, length: int, params: TreeParams | None = None) -> HostTree:
+    """The host path's tree ``params`` (None: the drafter's own) for the teacher at L' = ``length``, from the
+    root pair a device step kept, tensorised at the drafter's max_depth (a shallow tree's tensors too)."""
     drafter.follow_device(length, read_root=True)
-    params = drafter.params
-    return host_tree(drafter.propose(drafter.root_token), length, params.budget, params.max_depth)
+    tree = drafter.params if params is None else params
+    return host_tree(drafter.propose(drafter.root_token, params), length, tree.budget, drafter.params.max_depth)
 
 
 def _first_difference(name: str, got, want) -> Optional[str]:
@@ -82,10 +84,12 @@ def compare_trees(device: HostTree, host: HostTree, run_dir: Optional[str] = Non
         raise DraftTreeMismatch(f"device draft tree != host path: field '{name}' {detail}{where}", dump, path)
 
 
-def check_device_tree(drafter: Eagle3Drafter, tree: DeviceTree, run_dir: Optional[str] = None) -> HostTree:
-    """Reference mode: the device tree must equal the host path's from the same state; returns it on the host."""
+def check_device_tree(drafter: Eagle3Drafter, tree: DeviceTree, run_dir: Optional[str] = None,
+                      params: TreeParams | None = None) -> HostTree:
+    """Reference mode: the device tree (drafted with ``params``, None: the drafter's own) must equal the
+    host path's from the same state; returns it on the host."""
     got = tree.to_host()
-    compare_trees(got, reference_tree(drafter, tree.committed_len), run_dir)
+    compare_trees(got, reference_tree(drafter, tree.committed_len, params), run_dir)
     return got
 
 

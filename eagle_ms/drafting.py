@@ -41,7 +41,7 @@ from typing import Callable
 
 import numpy as np
 
-from eagle_ms.config import check_min_path_prob, check_tree_shape, fail
+from eagle_ms.config import check_int, check_min_path_prob, check_tree_shape, fail
 from eagle_ms.tree import DraftTree
 
 # expand(depth t, parent_rows [k] int, tokens [k] int) -> (logprob [k, K] float, target ids [k, K] int)
@@ -71,6 +71,14 @@ class TreeParams:
     @property
     def max_candidates(self) -> int:
         return self.top_k + (self.max_depth - 1) * self.top_k ** 2
+
+    def shallow(self, depth: int) -> "TreeParams":
+        """The shallow tree of ``speculative.shallow_depth`` (eagle_ms/depth_policy.py): depth <= ``depth``,
+        budget min(M, k + (depth-1) k^2) (every candidate of those depths), the same k and depth cut.
+        Example: M 24, k 2, depth 4 -> budget 14, max_depth 4."""
+        check_int("speculative.shallow_depth", depth, 1, below=(self.max_depth, "speculative.max_depth"))
+        cut = TreeParams(self.budget, depth, self.top_k)
+        return TreeParams(min(self.budget, cut.max_candidates), depth, self.top_k, self.min_path_prob)
 
     def check_fits(self, draft_vocab_size: int, teacher_capacity: int, draft_scratch: int | None = None) -> None:
         """ValueError naming the key unless k <= draft vocabulary, a tree fits the teacher cache and the

@@ -133,11 +133,17 @@ class Eagle3Drafter:
         for start in range(0, tokens.size, width):
             self._extend(tokens[start:start + width], np.asarray(aux)[start:start + width], width)
 
-    def propose(self, root: int) -> DraftTree:
+    def propose(self, root: int, params: TreeParams | None = None) -> DraftTree:
+        """The tree rooted at ``root``, grown with ``params`` (None: this drafter's own; a shallower tree of
+        ``TreeParams.shallow`` needs no more scratch slots)."""
         if self._root is None or int(root) != self._root.token:
             raise RuntimeError(f"propose(root={root}) but the draft's last committed pair holds token "
                                f"{None if self._root is None else self._root.token} (begin/observe missing?)")
-        self.last = build_tree(int(root), self._root.logprob, self._root.target_ids, self._expand, self.params,
+        params = self.params if params is None else params
+        if params.max_depth > self.params.max_depth or params.top_k > self.params.top_k:
+            raise ValueError(f"tree max_depth {params.max_depth} / top_k {params.top_k} exceed the drafter's "
+                             f"{self.params.max_depth} / {self.params.top_k}")
+        self.last = build_tree(int(root), self._root.logprob, self._root.target_ids, self._expand, params,
                                self.early_stop)
         return chain_first(self.last.tree)  # the likeliest chain in slot order: its commit needs no copy
 

@@ -39,7 +39,9 @@ from typing import Callable, Protocol
 import numpy as np
 
 from eagle_ms.config import GREEDY, SamplingParams
+from eagle_ms.depth_policy import DepthPolicy
 from eagle_ms.device_step import DeviceSteps
+from eagle_ms.drafting import TreeParams
 from eagle_ms.fallback import SpeculationGate, StepCosts
 from eagle_ms.host_step import HostSteps
 from eagle_ms.metrics import tau
@@ -55,8 +57,9 @@ class Drafter(Protocol):
     def begin(self, prompt_ids: np.ndarray, prompt_aux: np.ndarray, root: int) -> None:
         """Prompt tokens [P], the teacher aux features of the prompt [P, 3H], the first chosen token."""
 
-    def propose(self, root: int) -> DraftTree:
-        """A tree rooted at ``root`` with at most ``budget`` nodes and depth <= ``max_depth``."""
+    def propose(self, root: int, params: TreeParams | None = None) -> DraftTree:
+        """A tree rooted at ``root`` with at most ``budget`` nodes and depth <= ``max_depth`` (of ``params``
+        when given: ``DecodeSettings.shallow``, eagle_ms/depth_policy.py; else the drafter's own)."""
 
     def observe(self, committed: np.ndarray, aux: np.ndarray, next_root: int) -> None:
         """The tokens committed since the last call [n] (the root first; n = A+1 after one step, more after
@@ -79,6 +82,7 @@ class DecodeSettings:
     fallback_steps: int = 16  # teacher-only steps per fallback period
     sampling: SamplingParams = GREEDY  # temperature 0 = greedy; else position-keyed sampling
     step_costs: StepCosts | None = None  # measured step seconds, shared by a Session's runs (fallback "auto")
+    shallow: TreeParams | None = None  # the tree after a low-acceptance step (speculative.shallow_depth; None: off)
 
 
 @dataclass
@@ -149,12 +153,14 @@ def generate(runner: TeacherRunner, prompt_ids, settings: DecodeSettings, drafte
     tokens: list[int] = []
     steps: list[StepRecord] = []
     gate = SpeculationGate(settings.fallback_accept, settings.fallback_steps, settings.step_costs)
+    depth = DepthPolicy(settings.shallow)
     stop = _emit(tokens, np.array([root]), settings)
     while stop is None:
         if runner.length + 1 > runner.capacity:
             stop = "capacity"
             break
-        out = engine.step(root, drafter is not None and gate.speculate())
+        out = engine.step(root, drafter is not None and gate.speculate(), depth.tree())
+        depth.record(out.accepted_len if out.drafted else None)
         root = int(out.tokens[-1])
         stop = _emit(tokens, np.asarray(out.tokens), settings)  # A drafts + bonus
         if drafter is not None and stop is None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from eagle_ms.drafting import TreeParams
 from eagle_ms.teacher import TeacherRunner
 from eagle_ms.trace import write_failure_dump
 from eagle_ms.tree import DraftTree, TreeInvariantError, tensorize, verify_attention_mask
@@ -127,14 +128,15 @@ class HostSteps:
             self.drafter.begin(prompt_ids, aux, root)
         return root, time.perf_counter() - t0
 
-    def step(self, root: int, speculate: bool) -> StepOutcome:
-        """One step; no drafter, ``speculate`` False or no room -> the root alone (N = 1)."""
+    def step(self, root: int, speculate: bool, params: TreeParams | None = None) -> StepOutcome:
+        """One step; no drafter, ``speculate`` False or no room -> the root alone (N = 1). ``params``: the
+        tree to draft (None: the drafter's own; eagle_ms/depth_policy.py)."""
         runner, settings, clock = self.runner, self.settings, Clock()
-        budget, start = settings.budget, runner.length
+        budget, start = settings.budget if params is None else params.budget, runner.length
         if self.drafter is None or not speculate or start + budget + 1 > runner.capacity:
             tree, budget = DraftTree(root, np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)), 0
         else:
-            tree = self.drafter.propose(root)
+            tree = self.drafter.propose(root) if params is None else self.drafter.propose(root, params)
         clock.lap("draft")
         tensors = self._tensorize(tree, budget)
         clock.lap("tensorize")

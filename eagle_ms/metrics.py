@@ -93,6 +93,23 @@ def accept_by_position(turns: Iterable[tuple[int, Sequence[int], Sequence[bool]]
              "tau": tau(v)} for b, v in sorted(groups.items())]
 
 
+def accept_after(turns: Iterable[tuple[Sequence[int], Sequence[bool]]]) -> list[dict]:
+    """[{"previous", "steps", "accept_L"}]: the mean accept_L of drafted steps grouped by the accept_L of the
+    drafted step before them in the same turn (ascending), over the (accepted lengths, drafted flags) of every
+    turn; a turn's first drafted step has no previous one. Acceptance streaks: what
+    ``speculative.shallow_depth`` (eagle_ms/depth_policy.py) exploits.
+
+    Example: turns [([3, 0, 1, 5], [T, T, F, T])] -> drafted 3, 0, 5: pairs (3 -> 0), (0 -> 5):
+    [{previous 0, steps 1, accept_L 5}, {previous 3, steps 1, accept_L 0}].
+    """
+    groups: dict[int, list[int]] = {}
+    for accepted, drafted in turns:
+        seq = [int(a) for a, d in zip(accepted, drafted) if d]
+        for prev, a in zip(seq, seq[1:]):
+            groups.setdefault(prev, []).append(a)
+    return [{"previous": p, "steps": len(v), "accept_L": float(np.mean(v))} for p, v in sorted(groups.items())]
+
+
 def tokens_per_s(n_tokens: int, wall_s: float) -> float:
     return n_tokens / wall_s if wall_s > 0 else 0.0
 

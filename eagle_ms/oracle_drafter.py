@@ -37,15 +37,18 @@ class OracleDrafter:
         i = self.pos + depth
         return int(self.continuation[i]) if i < self.continuation.size else None
 
-    def propose(self, root: int) -> DraftTree:
-        """Breadth-first random tree: ids increase with depth, so every parent precedes its children."""
+    def propose(self, root: int, params=None) -> DraftTree:
+        """Breadth-first random tree: ids increase with depth, so every parent precedes its children.
+        ``params`` (a TreeParams, e.g. ``speculative.shallow_depth``'s): its budget and max_depth instead of
+        this drafter's."""
+        budget, max_depth = (self.budget, self.max_depth) if params is None else (params.budget, params.max_depth)
         tokens, parents, on_truth = [], [], []
         frontier = [(0, True)]  # (node id, whole path so far equals the true continuation)
-        for depth in range(1, self.max_depth + 1):
+        for depth in range(1, max_depth + 1):
             nxt = []
             for node, truthful in frontier:
                 for child in range(int(self.rng.integers(1, self.branching + 1))):
-                    if len(tokens) >= self.budget:
+                    if len(tokens) >= budget:
                         break
                     true_tok = self._true_token(depth) if truthful else None
                     use_truth = true_tok is not None and child == 0 and self.rng.random() >= self.error_rate
@@ -54,7 +57,7 @@ class OracleDrafter:
                     parents.append(node)
                     on_truth.append(use_truth or (true_tok is not None and tok == true_tok))
                     nxt.append((len(tokens), on_truth[-1]))
-            if not nxt or len(tokens) >= self.budget:
+            if not nxt or len(tokens) >= budget:
                 break
             self.rng.shuffle(nxt)
             frontier = nxt[: max(1, self.branching)]

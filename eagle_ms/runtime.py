@@ -14,6 +14,7 @@ import numpy as np
 
 from eagle_ms.assets import check_shipped
 from eagle_ms.config import FALLBACK_AUTO, EagleMsConfig, ModelConfig
+from eagle_ms.drafting import TreeParams
 from eagle_ms.fallback import StepCosts
 from eagle_ms.generate import DecodeSettings
 from eagle_ms.models.attention import choose_backend
@@ -129,7 +130,16 @@ def decode_settings(cfg: EagleMsConfig, run_dir: str | None = None) -> DecodeSet
         fallback_steps=spec.fallback_steps,
         step_costs=StepCosts() if spec.fallback_accept == FALLBACK_AUTO else None,
         sampling=cfg.generation.sampling,
+        shallow=shallow_tree(spec),
     )
+
+
+def shallow_tree(spec) -> TreeParams | None:
+    """The tree after a low-acceptance step (``speculative.shallow_depth``, eagle_ms/depth_policy.py), or None
+    when the key is null or there is no draft."""
+    if spec.shallow_depth is None or spec.draft == "none":
+        return None
+    return TreeParams(spec.budget, spec.max_depth, spec.top_k, spec.min_path_prob).shallow(spec.shallow_depth)
 
 
 def load_tokenizer(cfg: EagleMsConfig):
@@ -157,7 +167,6 @@ def eagle3_drafter_from_state(runner, draft_cfg, state: dict, budget: int, max_d
     (``draft_weights.with_score_temperature``).
     """
     from eagle_ms.draft_weights import check_draft_matches_teacher, load_draft_state, with_score_temperature
-    from eagle_ms.drafting import TreeParams
     from eagle_ms.eagle3_drafter import Eagle3Drafter, scratch_size
     from eagle_ms.models.eagle3 import Eagle3Draft
 

@@ -60,8 +60,11 @@ class Session:
 
     def warm_up(self) -> None:
         """Compile every graph a generation will use (prefill chunk, N=1, N=budget+1 or the fused draft+verify
-        graphs, the draft graphs, cache mover)."""
+        graphs, the draft graphs, cache mover; each twice, full and shallow, with ``speculative.shallow_depth``)."""
+        shallow = self.settings.shallow  # the low-acceptance tree's graphs too (speculative.shallow_depth)
         sizes = {1, self.settings.budget + 1} if self.speculative and not self.fused else {1}
+        if shallow is not None and not self.fused:
+            sizes.add(shallow.budget + 1)
         verifier = self.verifier(self.settings.sampling)
         if verifier is None:
             self.runner.warm_up(sorted(sizes))
@@ -70,10 +73,12 @@ class Session:
             verifier.warm_up(sorted(sizes))
         if self.eagle3 is not None:
             self.eagle3.warm_up()
-        if self.fused:
-            self.fused_steps(self.settings.sampling).warm_up()
-        elif self.device_tree is not None:
-            self.device_tree.warm_up()
+        trees = (None,) if shallow is None else (None, shallow)
+        for tree in trees if self.device_tree is not None else ():
+            if self.fused:
+                self.fused_steps(self.settings.sampling).warm_up(tree)
+            else:
+                self.device_tree.warm_up(params=tree)
 
     def make_drafter(self, prompt_ids, baseline_tokens=None) -> object | None:
         """The configured drafter for one prompt (None for ``draft: none``).

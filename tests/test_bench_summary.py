@@ -97,6 +97,16 @@ def test_accept_by_position_by_hand():
         metrics.accept_by_position([(1, [0], [True])], 0)
 
 
+def test_accept_after_by_hand():
+    # turn 1 drafted A = 3, 0, 5 (the 1 is a teacher-only step): pairs 3 -> 0, 0 -> 5; turn 2: 0 -> 2 -> 2;
+    # a turn's first drafted step has no previous step, and turns do not chain
+    turns = [([3, 0, 1, 5], [True, True, False, True]), ([0, 2, 2], [True] * 3), ([7], [True])]
+    assert metrics.accept_after(turns) == [{"previous": 0, "steps": 2, "accept_L": approx(3.5)},
+                                           {"previous": 2, "steps": 1, "accept_L": approx(2.0)},
+                                           {"previous": 3, "steps": 1, "accept_L": approx(0.0)}]
+    assert metrics.accept_after([]) == []
+
+
 def test_divergence_exactness_margin():
     assert metrics.first_divergence([1, 2, 3], [1, 5]) == 1
     assert metrics.first_divergence([1, 2], [1, 2, 3]) == 2

@@ -62,6 +62,10 @@ def test_base_config_inheritance_and_overrides(tmp_path):
     (("speculative", "score_temperature"), float("inf"), "speculative.score_temperature"),
     (("speculative", "score_temperature"), "low", "speculative.score_temperature"),
     (("speculative", "score_temperature"), True, "speculative.score_temperature"),
+    (("speculative", "shallow_depth"), 0, "speculative.shallow_depth"),
+    (("speculative", "shallow_depth"), 10, "speculative.shallow_depth"),  # = max_depth (default 10)
+    (("speculative", "shallow_depth"), 2.5, "speculative.shallow_depth"),
+    (("speculative", "shallow_depth"), True, "speculative.shallow_depth"),
     (("model", "model_config", "rope_theta"), float("inf"), "model.model_config.rope_theta"),
     (("speculative", "fallback_accept"), -1.0, "speculative.fallback_accept"),
     (("speculative", "fallback_accept"), "high", "speculative.fallback_accept"),
@@ -104,6 +108,21 @@ def test_fallback_auto_gives_each_session_a_cost_model():
     assert isinstance(first.step_costs, StepCosts) and first.step_costs is not second.step_costs
     data["speculative"]["fallback_accept"] = 2.5
     assert decode_settings(config_from_dict(data)).step_costs is None
+
+
+def test_shallow_depth_gives_the_shallow_tree_to_the_decode_settings():
+    from eagle_ms.drafting import TreeParams
+    from eagle_ms.runtime import decode_settings
+
+    data = json.loads(json.dumps(BASE))
+    data["speculative"] = {"draft": "test", "budget": 24, "max_depth": 10, "top_k": 2, "shallow_depth": 4}
+    assert decode_settings(config_from_dict(data)).shallow == TreeParams(14, 4, 2)  # 2 + 3 * 2^2 nodes
+    data["speculative"]["shallow_depth"] = 8
+    assert decode_settings(config_from_dict(data)).shallow == TreeParams(24, 8, 2)  # 30 candidates > M
+    data["speculative"]["shallow_depth"] = None
+    assert decode_settings(config_from_dict(data)).shallow is None
+    data["speculative"] = {"draft": "none", "shallow_depth": 4}
+    assert decode_settings(config_from_dict(data)).shallow is None
 
 
 def test_eagle3_requires_draft_path():

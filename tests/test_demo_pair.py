@@ -17,6 +17,7 @@ from eagle_ms.assets import DEMO_DIR
 from eagle_ms.config import SamplingParams, load_config
 from eagle_ms.device_drafter import DeviceTreeDrafter
 from eagle_ms.draft_weights import load_draft_checkpoint, random_draft_state
+from eagle_ms.drafting import TreeParams
 from eagle_ms.runtime import eagle3_drafter_from_state
 from eagle_ms.session import Session
 from numpy_reference import reference_forward
@@ -132,6 +133,24 @@ def _greedy(session, text: str) -> list[int]:
     if text not in _GREEDY:
         _GREEDY[text] = session.run(_chat(session, text)).tokens
     return _GREEDY[text]
+
+
+def test_shallow_trees_on_the_shipped_pair(session):
+    """speculative.shallow_depth 4 on the shipped pair and fused step: identical to teacher-only, and each
+    step's tree is the one the policy picks from the previous step's accepted count (hand rule: shallow
+    after A < 4, 2 + 3 * 2^2 = 14 nodes; the full 24 first and after A >= 4); both kinds occur."""
+    spec = session.cfg.speculative
+    shallow = TreeParams(spec.budget, spec.max_depth, spec.top_k).shallow(4)
+    kinds = set()
+    for text in ("Write a Python function that returns the n-th Fibonacci number.",
+                 "Give three tips for staying healthy."):
+        ids = _chat(session, text)
+        ea = session.run(ids, session.make_drafter(ids), shallow=shallow)
+        assert ea.tokens == _greedy(session, text)
+        nodes = [s.tree_nodes for s in ea.steps]
+        assert nodes == [spec.budget] + [14 if a < 4 else spec.budget for a in ea.accepted_lengths[:-1]]
+        kinds |= set(nodes)
+    assert kinds == {14, spec.budget}
 
 
 def test_shipped_draft_acceptance_far_above_random_draft(session):

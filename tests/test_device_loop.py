@@ -130,12 +130,17 @@ def test_teacher_only_through_the_device_graph_hands_the_host_only_tokens(world)
         assert step.argmax is None and step.tokens.dtype.kind == "i" and step.tokens.ndim == 1
 
 
+SHALLOW = TreeParams(8, DEPTH, 2).shallow(2)  # speculative.shallow_depth 2: 2 + 4 = 6 nodes, depth <= 2
+
+
 def test_no_graph_compiles_after_warm_up(world):
-    """After ``warm_up`` of the draft graphs (every window), the decode graphs and the verify graphs (M + 1), whole
-    generations with new prompts and new draft weights compile nothing: every compile cache keeps its size."""
+    """After ``warm_up`` of the draft graphs (every window; full and shallow trees), the decode graphs and the
+    verify graphs (M + 1 and the shallow tree's 7 rows), whole generations with new prompts and new draft
+    weights, with and without shallow trees, compile nothing: every compile cache keeps its size."""
     drafter, verifier = world.device_drafter(8, 21), world.verifiers[False]
     drafter.warm_up()
-    verifier.warm_up([1, 9])
+    drafter.warm_up(params=SHALLOW)
+    verifier.warm_up([1, 9, SHALLOW.budget + 1])
 
     def cache_sizes():
         return ({w: len(c.compile_cache) for w, c in drafter.steps.items()},
@@ -143,11 +148,12 @@ def test_no_graph_compiles_after_warm_up(world):
                 {w: len(c.compile_cache) for w, c in verifier.decode_steps.items()})
 
     warm = cache_sizes()
-    assert set(warm[0]) == set(drafter.drafter.attention_windows)
-    for i, seed in ((0, 22), (1, 23), (0, 24)):
-        settings = DecodeSettings(budget=8, max_depth=DEPTH, max_new_tokens=NEW_TOKENS)
+    assert set(warm[0]) == {(w, p) for w in drafter.drafter.attention_windows for p in (drafter.params, SHALLOW)}
+    for i, seed, shallow in ((0, 22, None), (1, 23, SHALLOW), (0, 24, SHALLOW)):
+        settings = DecodeSettings(budget=8, max_depth=DEPTH, max_new_tokens=NEW_TOKENS, shallow=shallow)
         res = generate(world.runner, PROMPTS[i], settings, world.device_drafter(8, seed), verifier)
         assert res.tokens == world.baseline(i)
+        assert (6 in {s.tree_nodes for s in res.steps}) == (shallow is not None)
     assert cache_sizes() == warm
 
 
@@ -157,6 +163,7 @@ def test_fused_step_compiles_nothing_after_warm_up_and_hands_the_host_only_token
     performance-mode call returns only the packed result and the aux rows, no tree, no vocabulary axis."""
     fused, verifier = world.drafter(8, 25, False, True), world.verifiers[False]
     fused.warm_up()
+    fused.warm_up(SHALLOW)
     verifier.warm_up([1])
     nodes = 9
 
@@ -167,10 +174,13 @@ def test_fused_step_compiles_nothing_after_warm_up_and_hands_the_host_only_token
                  for w, c in fused.graphs.items()})
 
     warm = cache_sizes()
-    assert set(warm[0]) == {w for w in world.runner.attention_windows if w >= nodes + 1}
+    full = fused.device_tree.params
+    assert {w for w, p in warm[0] if p == full} == {w for w in world.runner.attention_windows if w >= nodes + 1}
+    assert {w for w, p in warm[0] if p == SHALLOW} == {w for w in world.runner.attention_windows
+                                                      if w >= SHALLOW.budget + 2}
     assert all(n == 1 for n in warm[0].values())
     for i, seed in ((0, 26), (1, 27)):
-        settings = DecodeSettings(budget=8, max_depth=DEPTH, max_new_tokens=NEW_TOKENS)
+        settings = DecodeSettings(budget=8, max_depth=DEPTH, max_new_tokens=NEW_TOKENS, shallow=SHALLOW if i else None)
         res = generate(world.runner, PROMPTS[i], settings, world.drafter(8, seed, False, True), verifier)
         assert res.tokens == world.baseline(i)
     assert cache_sizes() == warm

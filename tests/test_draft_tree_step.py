@@ -49,9 +49,9 @@ def pack_result_numpy(rows, max_depth):
 class OracleTree(nn.Cell):
     """TreeGrowth over given log-probs: depth t's expand call returns lp[t-1], ids[t-1] for its k rows."""
 
-    def __init__(self, params):
+    def __init__(self, params, levels=None):
         super().__init__()
-        self.growth = TreeGrowth(params.budget, params.max_depth, params.top_k, params.min_path_prob)
+        self.growth = TreeGrowth(params.budget, params.max_depth, params.top_k, params.min_path_prob, levels)
         self.d = params.max_depth
 
     def construct(self, root_lp, root_ids, lp, ids, length, root):
@@ -75,11 +75,11 @@ def oracle_inputs(rng, k, d, vocab=50, tied=False):
     return root.astype(np.float32), rng.integers(0, vocab, (1, k)), lp.astype(np.float32), ids
 
 
-def oracle_host_tree(root_lp, root_ids, lp, ids, params, length, root):
+def oracle_host_tree(root_lp, root_ids, lp, ids, params, length, root, levels=None):
     def expand(depth, parent_rows, tokens):
         return lp[depth - 1], ids[depth - 1]
     build = build_tree(root, root_lp[0], root_ids[0], expand, params)
-    return host_tree(chain_first(build.tree), length, params.budget, params.max_depth)
+    return host_tree(chain_first(build.tree), length, params.budget, levels or params.max_depth)
 
 
 def device_output_tree(outputs, length, budget, max_depth) -> HostTree:
@@ -103,6 +103,31 @@ def test_ranking_core_equals_build_tree_on_the_full_grid(budget, max_depth, k):
         got = device_output_tree(out, length, budget, max_depth)
         check_invariants(got.tensors)
         compare_trees(got, oracle_host_tree(root_lp, root_ids, lp, ids, params, length, root))
+
+
+@pytest.mark.parametrize("depth", [1, 3, 4])
+def test_shallow_tree_in_deeper_tensors_equals_build_tree(depth):
+    """speculative.shallow_depth: TreeGrowth grows ``TreeParams.shallow(depth)`` (budget k + (depth-1) k^2
+    < M here) into tensors of D = 10 (``levels``); the host builds the shallow tree and tensorizes it at D."""
+    full = TreeParams(24, 10, 2)
+    params = full.shallow(depth)
+    assert (params.max_depth, params.budget) == (depth, min(24, 2 + (depth - 1) * 4))
+    rng = np.random.default_rng(depth)
+    root_lp, root_ids, lp, ids = oracle_inputs(rng, 2, depth)
+    out = OracleTree(params, levels=10).construct(
+        Tensor(root_lp), Tensor(root_ids.astype(np.int32)), Tensor(lp[None]), Tensor(ids[None].astype(np.int32)),
+        Tensor(np.array([40], np.int32)), Tensor(np.array([3], np.int32)))
+    got = device_output_tree(out, 40, params.budget, 10)
+    assert got.tensors.paths.shape[-1] == 11 and got.tensors.ancestors.shape[0] == 11
+    check_invariants(got.tensors)
+    compare_trees(got, oracle_host_tree(root_lp, root_ids, lp, ids, params, 40, 3, levels=10))
+    assert got.tensors.depth.max() == depth and got.tensors.valid.sum() == params.budget + 1
+
+
+def test_shallow_params_refuse_a_depth_outside_the_tree():
+    for bad in (0, 10, 11, True, 2.0):
+        with pytest.raises(ValueError, match="speculative.shallow_depth"):
+            TreeParams(24, 10, 2).shallow(bad)
 
 
 def test_ranking_core_depth_cut_equals_build_tree():
@@ -204,12 +229,13 @@ def kernel_setup():
     return Setup(kernels="cpu")
 
 
-def drive(setup, host, device, seed, events, prompt_len=13, check_reference=False, run_dir=None):
+def drive(setup, host, device, seed, events, prompt_len=13, check_reference=False, run_dir=None, shallow=None):
     """begin, then per event one device step and (from the state before it) the host path, compared:
     the trees, and the K/V the two extends committed. Events: A in -1..D (the previous verify accepted A
     drafts; -1 = no step yet) or ("fallback", n) (n tokens of teacher-only steps, observed through the host
     path, then A = -1). ``check_reference``: also the reference-mode check after each device step.
-    Returns the host trees."""
+    ``shallow``: TreeParams of a shallow tree drafted on every other step (speculative.shallow_depth), in
+    the same D-shaped tensors. Returns the host trees."""
     rng = np.random.default_rng(seed)
     d, params = device.params.max_depth, device.params
     prompt = rng.integers(0, CFG.vocab_size, prompt_len)
@@ -228,10 +254,11 @@ def drive(setup, host, device, seed, events, prompt_len=13, check_reference=Fals
         tokens = rng.integers(0, CFG.vocab_size, a + 1)  # A drafts + the bonus (the next root)
         result = no_step_result(d) if a < 0 else pack_result_numpy([(a, tokens, np.arange(a + 1))], d)
         before = setup.snapshot()
-        tree = device.step(Tensor(result), Tensor(rows), length, a)
+        tree_params = shallow if shallow is not None and len(trees) % 2 else None
+        tree = device.step(Tensor(result), Tensor(rows), length, a, tree_params)
         got = tree.to_host()
         if check_reference:
-            check_device_tree(device.drafter, tree, run_dir)  # the reference-mode check, same cache
+            check_device_tree(device.drafter, tree, run_dir, tree_params)  # the reference-mode check, same cache
         device_pairs = setup.pairs(0, C)
         setup.restore(before)
         if a >= 0:
@@ -243,7 +270,8 @@ def drive(setup, host, device, seed, events, prompt_len=13, check_reference=Fals
         assert np.array_equal(device_pairs[:, :, length:], setup.pairs(length, C)), "wrote past the committed pairs"
         assert all(getattr(got.tensors, f).dtype == np.int32 for f in INT_FIELDS)
         check_invariants(got.tensors)
-        want = host_tree(host.propose(root), length, params.budget, d)
+        tree_params = params if tree_params is None else tree_params
+        want = host_tree(host.propose(root, tree_params), length, tree_params.budget, d)
         compare_trees(got, want, run_dir)
         trees.append(want)
     return trees
@@ -264,7 +292,7 @@ def test_device_tree_equals_host_path(setup, case):
     trees = drive(setup, host, device, seed=len(case), events=events_for(params.max_depth),
                   check_reference=windows is not None)
     if windows:
-        assert sorted(device.steps) == [16, C], "the steps did not cross the attention window 16"
+        assert sorted(w for w, _ in device.steps) == [16, C], "the steps did not cross the attention window 16"
     if params.min_path_prob:
         assert any(t.tensors.depth.max() < params.max_depth for t in trees), "min_path_prob never cut a tree"
         assert any(t.tensors.depth.max() > 1 for t in trees), "min_path_prob cut every tree at depth 1"
@@ -301,6 +329,25 @@ def test_device_tree_with_the_cpu_kernels_equals_host_path(kernel_setup, case):
             kernel_setup.load(tied=False)
         assert sum(sibling_ties(t) for t in trees) > len(trees), "the ties did not reach the trees"
     assert all(isinstance(g.growth, KernelTreeGrowth) for g in device.steps.values())
+
+
+@pytest.mark.parametrize("kernels", ["composite", "cpu"])
+def test_shallow_trees_alternating_with_full_trees_equal_host_path(setup, kernel_setup, kernels):
+    """speculative.shallow_depth on the device: full (M 32, Dmax 12) and shallow (Dmax 3: 2 + 2*4 = 10
+    nodes) trees on alternate steps of one drafter, each from the other's packed result, against the host
+    path's trees of the same params; the reference-mode check too. Each tree shape compiles once."""
+    box = setup if kernels == "composite" else kernel_setup
+    case = "M32-D12-k2-draft_window5"
+    params = CASES[case][0]
+    shallow = params.shallow(3)
+    host, device = box.drafters(case)
+    trees = drive(box, host, device, seed=91, events=events_for(params.max_depth), check_reference=True,
+                  shallow=shallow)
+    assert {int(t.tensors.depth.max()) <= 3 for t in trees[1::2]} == {True}
+    assert max(int(t.tensors.depth.max()) for t in trees[0::2]) > 3, "no full tree grew past the shallow depth"
+    graphs = {p: g for (_, p), g in device.steps.items()}
+    assert set(graphs) == {params, shallow}
+    assert all(len(g.compile_cache) == 1 for g in graphs.values()), "a new call recompiled a tree step"
 
 
 def sibling_ties(tree: HostTree) -> int:

@@ -47,10 +47,11 @@ class World:
                              expand_cell=self.expand)
 
     def speculate(self, i, budget, depth, k, seed, window=None, reference=False, min_path_prob=0.0,
-                  fallback=(0.0, 16)):
+                  fallback=(0.0, 16), shallow_depth=None):
+        shallow = None if shallow_depth is None else TreeParams(budget, depth, k, min_path_prob).shallow(shallow_depth)
         settings = DecodeSettings(budget=budget, max_depth=depth, max_new_tokens=NEW_TOKENS,
                                   reference_checks=reference, fallback_accept=fallback[0],
-                                  fallback_steps=fallback[1])
+                                  fallback_steps=fallback[1], shallow=shallow)
         drafter = self.drafter(budget, depth, k, seed, window, min_path_prob)
         return generate(self.runners[depth], PROMPTS[i], settings, drafter)
 
@@ -99,6 +100,22 @@ def test_eagle3_with_low_acceptance_fallback(world, fallback):
         if fallback[0] == float("inf"):
             assert drafted == [j % (fallback[1] + 1) == 0 for j in range(len(drafted))]
         assert any(drafted)
+
+
+@pytest.mark.parametrize("shallow_depth", [1, 3])
+def test_eagle3_with_shallow_trees(world, shallow_depth):
+    """speculative.shallow_depth on the host path (reference mode): after a step that accepted fewer than
+    Ds drafts the tree is ``TreeParams.shallow(Ds)`` (M 16, Dmax 10, k 4 -> depth <= Ds, budget
+    min(16, 4 + (Ds-1) 16)); the first step's tree is the full one. Output unchanged."""
+    budget_of = {1: 4, 3: 16}
+    for i in range(len(PROMPTS)):
+        res = world.speculate(i, 16, 10, 4, seed=130 + i, reference=True, shallow_depth=shallow_depth)
+        assert res.tokens == world.baseline(i).tokens
+        steps = res.steps
+        for prev, step in zip(steps, steps[1:]):
+            if prev.accepted_len < shallow_depth:
+                assert step.tree_depth <= shallow_depth and step.tree_nodes <= budget_of[shallow_depth]
+        assert any(prev.accepted_len < shallow_depth for prev in steps[:-1]), "no shallow step was taken"
 
 
 @pytest.mark.parametrize("budget, depth, k, window", [(16, 10, 4, None), (4, 4, 1, 2)])

@@ -55,8 +55,28 @@ def test_fused_loop_across_windows_equals_teacher_only(parts):
     res = generate(verifier.runner, short, settings, fused, reference)
     assert res.tokens == generate(verifier.runner, short, DecodeSettings(max_depth=DEPTH,
                                                                          max_new_tokens=new_tokens)).tokens
-    assert sorted(fused.graphs) == [16, 64]
+    assert sorted(w for w, _ in fused.graphs) == [16, 64]
     assert all("draft_verify" in s.stage_s for s in res.steps if s.tree_nodes > 0)
+
+
+def test_fused_loop_with_shallow_trees_equals_teacher_only(parts):
+    """speculative.shallow_depth in the fused step (reference mode): after a step that accepted no draft
+    the next tree is TreeParams.shallow(1) (the root's top-2: 2 nodes, N = 3), verified in its own fused
+    graph from the full graph's packed result and back; each graph compiles once."""
+    verifier, device_tree, baseline = parts
+    reference = DeviceVerifier(verifier.runner, DEPTH, reference=True)
+    fused = FusedTreeSteps(device_tree, reference)
+    shallow = device_tree.params.shallow(1)
+    settings = DecodeSettings(budget=BUDGET, max_depth=DEPTH, max_new_tokens=NEW_TOKENS, reference_checks=True,
+                              shallow=shallow)
+    res = generate(verifier.runner, PROMPT, settings, fused, reference)
+    assert res.tokens == baseline
+    sizes = [s.tree_nodes for s in res.steps if s.tree_nodes > 0]
+    assert sizes[0] == BUDGET and 2 in sizes, sizes
+    for prev, step in zip(res.steps, res.steps[1:]):
+        assert step.tree_nodes == (2 if prev.accepted_len < 1 else BUDGET)
+    assert {p for _, p in fused.graphs} >= {shallow}
+    assert all(len(g.compile_cache) == 1 for g in fused.graphs.values())
 
 
 @pytest.mark.parametrize("warm_steps", [1, 3])

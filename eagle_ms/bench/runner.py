@@ -125,7 +125,7 @@ def build_manifest(cfg, session_mode: str, opts: BenchOptions, turns: list[TurnS
         "run": {"draft": spec.draft, "step": spec.step, "kernels": kernels_for(cfg),
                 "budget": spec.budget, "max_depth": spec.max_depth, "top_k": spec.top_k,
                 "draft_window": spec.draft_window, "min_path_prob": spec.min_path_prob,
-                "score_temperature": spec.score_temperature,
+                "score_temperature": spec.score_temperature, "shallow_depth": spec.shallow_depth,
                 "fallback_accept": spec.fallback_accept, "fallback_steps": spec.fallback_steps,
                 "max_new_tokens": cfg.generation.max_new_tokens, "temperature": cfg.generation.temperature,
                 "top_k_sample": cfg.generation.top_k, "top_p": cfg.generation.top_p, "seed": cfg.generation.seed,

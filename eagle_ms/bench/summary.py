@@ -131,6 +131,8 @@ def summarize(run_dir: str) -> dict:
         "costs": _costs(ok, tau_drafted, overall["table1"]["speedup"]["mean"]),
         "accept_pos": [{"depth": d + 1, "share": v} for d, v in enumerate(overall["accept_pos"])],
         "accept_by_position": _accept_by_position(ok),
+        "accept_after": metrics.accept_after([([s["accepted_len"] for s in st], [s["tree_nodes"] > 0 for s in st])
+                                              for _, st in ok]),
         "exactness": {"share": overall["exactness"], "identical": overall["identical"], "turns": len(ok),
                       "mismatches": [{"key": h["key"], **h["mismatch"]} for h, _ in ok if h["mismatch"]]},
         "stages": metrics.stage_stats(_stage_samples(ok)),
@@ -193,6 +195,7 @@ def render_markdown(s: dict) -> str:
         lines += ["Command:", "", "```", run["command"], "```", ""]
     lines += [f"draft `{run.get('draft')}`, step `{run.get('step', 'host')}`, mode `{run.get('mode')}`, M={run.get('budget')}, "
               f"Dmax={run.get('max_depth')}, top_k={run.get('top_k')}, score_temperature={run.get('score_temperature', 1.0)}, "
+              f"shallow_depth={run.get('shallow_depth')}, "
               f"draft_window={run.get('draft_window')}, "
               f"max_new_tokens={run.get('max_new_tokens')}, {_choice(run)}, datasets {run.get('datasets')}, "
               f"world_size {run.get('world_size')}, git {str(run.get('git_commit'))[:12]}"
@@ -220,6 +223,11 @@ def render_markdown(s: dict) -> str:
             lines += md_table([f"{kind} tokens", "steps", "accept_L", "tau"],
                               [[f"{b['from']}-{b['to'] - 1}", str(b["steps"]), fmt(b["accept_L"]),
                                 fmt(b["tau"])] for b in rows])
+    if s.get("accept_after"):
+        lines += ["", "By the accept_L of the drafted step before (acceptance streaks; speculative.shallow_depth):", ""]
+        lines += md_table(["previous accept_L"] + [str(r["previous"]) for r in s["accept_after"]],
+                          [["steps"] + [str(r["steps"]) for r in s["accept_after"]],
+                           ["accept_L"] + [fmt(r["accept_L"]) for r in s["accept_after"]]])
     ex = s["exactness"]
     lines += ["", "## Exactness", "", f"{ex['identical']}/{ex['turns']} turns identical "
               f"(exactness {fmt(ex['share'], 3)})."]

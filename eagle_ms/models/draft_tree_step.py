@@ -72,14 +72,22 @@ def token_columns(max_depth: int) -> slice:
 
 class DraftTreeStep(nn.Cell):
     """The draft graph of one speculative step (module doc). ``params``: eagle_ms/drafting.py TreeParams
-    (any object with budget, max_depth, top_k, min_path_prob). Shares ``draft``'s weights and cache."""
+    (any object with budget, max_depth, top_k, min_path_prob). Shares ``draft``'s weights and cache.
+
+    ``tensor_depth`` (default ``params.max_depth``): the D of the input result and the output tensors. A
+    shallow tree (``speculative.shallow_depth``, eagle_ms/depth_policy.py) grows ``params.max_depth`` <
+    D depths but keeps the D-shaped contract, so it takes and gives the same packed results as the
+    full tree's graph and the two can alternate step by step."""
 
     def __init__(self, draft: Eagle3Draft, params, context_window: int | None, committed_capacity: int,
-                 window: int):
+                 window: int, tensor_depth: int | None = None):
         super().__init__(auto_prefix=False)  # never rename the draft's (or the shared teacher's) parameters
-        self.d, self.k = params.max_depth, params.top_k
+        self.d = params.max_depth if tensor_depth is None else tensor_depth  # D of the tensors
+        self.grown, self.k = params.max_depth, params.top_k                   # depths drafted
+        if not 1 <= self.grown <= self.d:
+            raise ValueError(f"tree depth {self.grown} must be in [1, tensor depth {self.d}]")
         self.scratch = draft.capacity - committed_capacity  # X
-        need = max((self.d - 1) * self.k, self.d + 1)
+        need = max((self.grown - 1) * self.k, self.d + 1)
         if self.scratch < need:
             raise ValueError(f"draft cache capacity {draft.capacity} leaves {self.scratch} scratch slots past "
                              f"the committed capacity {committed_capacity}; the tree step needs {need}")
@@ -95,12 +103,12 @@ class DraftTreeStep(nn.Cell):
         # the tree bookkeeping: one CPU kernel per depth + one for the rerank and tensors with the fused
         # kernels (eagle_ms/models/tree_kernels.py), else the composite ops (same outputs)
         growth = KernelTreeGrowth if draft.kernels == "cpu" else TreeGrowth
-        self.growth = growth(params.budget, self.d, self.k, params.min_path_prob)
+        self.growth = growth(params.budget, self.grown, self.k, params.min_path_prob, levels=self.d)
         self.rows = Tensor(np.arange(self.d + 1, dtype=np.int32)[None])       # [1, D+1] extend rows
-        self.depth_offsets = Tensor(np.arange(self.d - 1, dtype=np.int32)[None])  # [1, D-1]: depth t -> t-1
+        self.depth_offsets = Tensor(np.arange(self.grown - 1, dtype=np.int32)[None])  # [1, D-1]: depth t -> t-1
         self.columns = Tensor(np.arange(self.width, dtype=np.int32))          # [X+W] cache slots read
         # expansion at depth t, row r -> scratch slot (t-1)k + r: its mask column and its cache rows
-        slots = [(t - 1) * self.k + np.arange(self.k) for t in range(1, self.d)]
+        slots = [(t - 1) * self.k + np.arange(self.k) for t in range(1, self.grown)]
         self.own = [Tensor((np.arange(self.width) == s[:, None])[None]) for s in slots]  # [1, k, X+W] bool
         self.own_first = [Tensor(np.array([s[0]], np.int32)) for s in slots]  # [1]: depth t's first own column
         self.frontier_kernel = fused_kernel(draft.kernels, cpu_kernels.frontier_inputs_op)
@@ -169,11 +177,11 @@ class DraftTreeStep(nn.Cell):
         feats = ops.broadcast_to(hidden[:, None, :], (b, k, hidden.shape[-1]))  # [B, k, H]
         start = ops.broadcast_to(length.reshape(b, 1), (b, k))               # [B, k]
         tables = self.rotary_tables(length)
-        mask = self.visible(start) | self.own[0] if self.d > 1 else None     # [B, k, X+W]
-        for depth in range(1, self.d):
+        mask = self.visible(start) | self.own[0] if self.grown > 1 else None  # [B, k, X+W]
+        for depth in range(1, self.grown):
             lp, ids, hid = self.expand(depth, self.growth.frontier_tokens(state), feats, tables[depth - 1], mask)
             state, parent_rows = self.growth.grow(state, depth, lp, ids)
-            if depth + 1 < self.d:
+            if depth + 1 < self.grown:
                 feats, mask = self.frontier_inputs(hid, mask, parent_rows, depth + 1)
         return self.growth.finish(state, length, token)
 
@@ -190,11 +198,11 @@ class DraftTreeStep(nn.Cell):
         """The rotary head tables (cos, sin) of depths 1..D-1 (position L'-1+t, shared by the depth's k rows),
         computed in one pass: a tuple of D-1 pairs of [B, 1, Hq+2Hkv, Dh] (one rotary call, one
         ``head_tables`` and one split for all depths)."""
-        if self.d == 1:
+        if self.grown == 1:
             return ()
         positions = length.reshape(-1, 1) + self.depth_offsets               # [B, D-1]
         cos, sin = self.draft.midlayer.self_attn.head_tables(*self.draft.rotary(positions))  # [B, D-1, Hq+2Hkv, Dh]
-        if self.d == 2:
+        if self.grown == 2:
             return ((cos, sin),)
         return tuple(zip(ops.split(cos, 1, 1), ops.split(sin, 1, 1)))
 

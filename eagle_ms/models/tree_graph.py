@@ -88,13 +88,17 @@ class TreeGrowth(nn.Cell):
     (scores [B, n_t] f32, tokens [B, n_t] i32, parents [B, n_t] i32 (candidate id, -1 = root),
     valid [B, n_t] bool, sig [B, n_t, D] i32). ``frontier``: (candidate ids [B, k], scores [B, k],
     tokens [B, k], sig [B, k, D], alive [B] bool). ``min_path_prob`` p > 0: a depth's children exist only
-    while every depth so far had a frontier score >= log p (host: ``build_tree``'s break).
+    while every depth so far had a frontier score >= log p (host: ``build_tree``'s break). ``levels``
+    (>= max_depth, default max_depth): the D of the output tensors (ancestors [B, D+1, N], paths
+    [B, P, D+1]); a shallow tree grows fewer depths than its tensors hold.
     """
 
-    def __init__(self, budget: int, max_depth: int, top_k: int, min_path_prob: float = 0.0):
+    def __init__(self, budget: int, max_depth: int, top_k: int, min_path_prob: float = 0.0,
+                 levels: int | None = None):
         super().__init__()
         m, d, k = budget, max_depth, top_k
         self.m, self.d, self.k = m, d, k
+        self.levels = d if levels is None else levels
         self.cut = float(np.log(min_path_prob)) if min_path_prob > 0 else None
         n_c = k + (d - 1) * k * k
         depth = [1] * k + [t for t in range(2, d + 1) for _ in range(k * k)]
@@ -113,7 +117,7 @@ class TreeGrowth(nn.Cell):
         self.not_root_col = Tensor((np.arange(m + 1) > 0).reshape(1, m + 1, 1))  # [1, N, 1]
         self.eye_n = Tensor(np.eye(m + 1, dtype=bool)[None])                  # [1, N, N]
         self.not_root = Tensor(np.arange(m + 1) > 0)                          # [N]
-        self.levels_1 = _const(np.arange(d + 1))                              # [D+1]
+        self.levels_1 = _const(np.arange(self.levels + 1))                    # [D+1]
 
     def start(self, root_logprob, root_ids):
         """root_logprob, root_ids [B, K >= k] (top-K, descending) -> the state after depth 1."""
@@ -183,7 +187,7 @@ class TreeGrowth(nn.Cell):
         b, n = parent.shape
         ids = self.ids_n
         levels = [ops.broadcast_to(ids.reshape(1, n), (b, n))]                 # A[0, k] = k
-        for _ in range(self.d):
+        for _ in range(self.levels):
             levels.append(ops.gather_elements(parent, 1, levels[-1]))         # A[l+1, k] = parent[A[l, k]]
         ancestors = ops.stack(levels, 1)                                      # [B, D+1, N]
         seen = (ops.expand_dims(ancestors, 3) == ids).any(1)                 # [B, N(k), N(j)]

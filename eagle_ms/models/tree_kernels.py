@@ -24,11 +24,14 @@ from eagle_ms.models import cpu_kernels
 
 
 class KernelTreeGrowth(nn.Cell):
-    """``start``, ``grow`` at depths 1..D-1, ``finish``: the contract of ``tree_graph.TreeGrowth``."""
+    """``start``, ``grow`` at depths 1..D-1, ``finish``: the contract of ``tree_graph.TreeGrowth`` (``levels``
+    included: the finish kernel reads the tensors' D from its layout constant)."""
 
-    def __init__(self, budget: int, max_depth: int, top_k: int, min_path_prob: float = 0.0):
+    def __init__(self, budget: int, max_depth: int, top_k: int, min_path_prob: float = 0.0,
+                 levels: int | None = None):
         super().__init__()
         d, k = max_depth, top_k
+        levels = d if levels is None else levels  # the D of the output tensors (>= max_depth)
         self.k = k
         candidates = k + (d - 1) * k * k
         cut = np.log(min_path_prob) if min_path_prob > 0 else -np.inf
@@ -37,7 +40,7 @@ class KernelTreeGrowth(nn.Cell):
         self.first = [Tensor(np.array([k + (t - 1) * k * k], np.int32)) for t in range(1, d)]
         # shape carriers: the kernels read the sizes from these constants' shapes, never their values
         self.start_layout = Tensor(np.zeros((k, candidates), np.int32))          # [k, C]
-        self.finish_layout = Tensor(np.zeros((d + 1, budget + 1), np.int32))     # [D+1, N]
+        self.finish_layout = Tensor(np.zeros((levels + 1, budget + 1), np.int32))  # [D+1, N]
         self.start_op = cpu_kernels.tree_start_op()
         self.grow_op = cpu_kernels.tree_grow_op()
         self.finish_op = cpu_kernels.tree_finish_op()
