@@ -60,8 +60,8 @@ class FusedTreeSteps:
         if length != self.runner.length:
             raise ValueError(f"the draft would be at {length} committed pairs (L {committed_len} + A {accepted} "
                              f"+ 1) but the teacher cache holds {self.runner.length}")
-        nodes = (self.device_tree.params if params is None else params).budget + 1  # N
-        window = self.runner.attention_width(length + nodes)  # ValueError when the tree does not fit
+        params = self.device_tree.params if params is None else params
+        window = self.runner.attention_width(length + params.budget + 1)  # ValueError when the tree does not fit
         outputs = self.graph(window, params)(as_tensor(result, np.int32), as_tensor(accepted_aux, np.float32),
                                              Tensor(np.array([committed_len], np.int32)))
         self.device_tree.drafter.follow_device(length)
@@ -75,7 +75,8 @@ class FusedTreeSteps:
         (W >= N + 1). Each call has A = -1 and L' = W - N: the draft half writes scratch slots only and
         keeps the root pair it read, the verify half writes teacher slots past the committed region.
         Leaves both caches empty (the drafter's ``begin`` comes next)."""
-        nodes = (self.device_tree.params if params is None else params).budget + 1
+        params = self.device_tree.params if params is None else params
+        nodes = params.budget + 1
         result, aux = (Tensor(x) for x in no_step_inputs(self.verifier.max_depth, self.verifier.aux_width))
         for window in self.runner.attention_windows:
             if window >= nodes + 1:

@@ -49,8 +49,8 @@ def reference_tree(drafter: Eagle3Drafter, length: int, params: TreeParams | Non
     """The host path's tree ``params`` (None: the drafter's own) for the teacher at L' = ``length``, from the
     root pair a device step kept, tensorised at the drafter's max_depth (a shallow tree's tensors too)."""
     drafter.follow_device(length, read_root=True)
-    tree = drafter.params if params is None else params
-    return host_tree(drafter.propose(drafter.root_token, params), length, tree.budget, drafter.params.max_depth)
+    params = drafter.params if params is None else params
+    return host_tree(drafter.propose(drafter.root_token, params), length, params.budget, drafter.params.max_depth)
 
 
 def _first_difference(name: str, got, want) -> Optional[str]:
