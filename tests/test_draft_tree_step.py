@@ -225,7 +225,8 @@ def setup():
 
 @pytest.fixture(scope="module")
 def kernel_setup():
-    """The same draft with the fused CPU kernels: its tree step grows the tree with KernelTreeGrowth."""
+    """The same draft with the fused CPU kernels: its tree step drafts every depth in the ``DraftTree`` kernel
+    (and finishes with KernelTreeGrowth), the host path expands with ``DraftExpand``."""
     return Setup(kernels="cpu")
 
 
@@ -328,7 +329,7 @@ def test_device_tree_with_the_cpu_kernels_equals_host_path(kernel_setup, case):
         finally:
             kernel_setup.load(tied=False)
         assert sum(sibling_ties(t) for t in trees) > len(trees), "the ties did not reach the trees"
-    assert all(isinstance(g.growth, KernelTreeGrowth) for g in device.steps.values())
+    assert all(isinstance(g.growth, KernelTreeGrowth) and g.tree_kernel is not None for g in device.steps.values())
 
 
 @pytest.mark.parametrize("kernels", ["composite", "cpu"])

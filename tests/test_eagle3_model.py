@@ -4,7 +4,9 @@ Covers: extend (teacher features through fc) and expand (own hidden, tree-masked
 vs the reference, for a GQA draft with the full vocabulary and an MHA draft with explicit head_dim,
 target_hidden_size != hidden_size and a reduced vocabulary (d2t); in-graph top-k == reference top-k;
 one compile per shape; the shared teacher embedding; config validation. Extend and expand also run with
-the fused CPU kernels (eagle_ms/models/cpu_kernels.py) against the same reference.
+the fused CPU kernels (eagle_ms/models/cpu_kernels.py) against the same reference: the expand graph is then
+one ``DraftExpand`` kernel (eagle_ms/models/draft_kernels.cc), whose rows are also checked to be bitwise
+independent of the other rows and whose bad token ids are refused.
 
 The reference (``np_draft``) is also the second implementation used by test_drafting.py.
 """
@@ -109,7 +111,7 @@ class Built:
         return np_draft(self.cfg, self.state, self.embed, *args)
 
 
-@pytest.fixture(scope="module", params=sorted(CONFIGS) + ["gqa-full:cpu"])
+@pytest.fixture(scope="module", params=sorted(CONFIGS) + ["gqa-full:cpu", "mha-reduced-headdim24:cpu"])
 def built(request):
     return Built(request.param)
 
@@ -196,6 +198,39 @@ def test_expand_tree_rows_match_reference(built):
     assert rel_err(h1, h[n:n + 3]) < TOL and rel_err(h2, h[n + 3:]) < TOL
     got = full_target_logprob(v2, i2, cfg.vocab_size)[:, built.targets]
     assert rel_err(got, lp[n + 3:]) < TOL
+
+
+@pytest.fixture(scope="module")
+def cpu_expand():
+    return Built("mha-reduced-headdim24:cpu", top_k=4)
+
+
+def test_draft_expand_kernel_rows_do_not_depend_on_the_other_rows(cpu_expand):
+    """The host path's tree equals the device tree kernel's only if a row's bits do not depend on which rows
+    share its call: three rows in one call == each row alone, every output bit for bit. (That the rows' K/V reach
+    the cache is checked by the depth-2 rows of ``test_expand_tree_rows_match_reference``.)"""
+    b, cfg = cpu_expand, cpu_expand.cfg
+    rng = np.random.default_rng(21)
+    n = 9
+    _, _, hid = call(b.draft, rng.integers(0, 64, n), rng.standard_normal((n, 3 * cfg.target_hidden_size)),
+                     np.arange(n), np.arange(n), causal(0, n))
+    slots = 30 + np.arange(3)
+    vis = np.zeros((3, CAPACITY), bool)
+    vis[:, :n] = True
+    vis[np.arange(3), slots] = True
+    toks, feats = rng.integers(0, 64, 3), hid[[8, 2, 5]]
+    together = call(b.expand, toks, feats, np.full(3, n), slots, vis)
+    for r in range(3):
+        alone = call(b.expand, toks[r:r + 1], feats[r:r + 1], np.full(1, n), slots[r:r + 1], vis[r:r + 1])
+        for got, want in zip(alone, together):
+            np.testing.assert_array_equal(got[0], want[r])
+
+
+def test_draft_expand_kernel_refuses_a_token_outside_the_vocabulary(cpu_expand):
+    vis = np.zeros((1, CAPACITY), bool)
+    vis[0, 30] = True
+    with pytest.raises(RuntimeError):
+        call(cpu_expand.expand, [64], np.zeros((1, 32)), [0], [30], vis)
 
 
 def test_in_graph_top_k_equals_reference_top_k(top4):

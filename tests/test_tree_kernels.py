@@ -107,22 +107,6 @@ def test_finish_rejects_a_table_whose_parent_follows_its_child():
                Tensor(np.zeros((3, 3), np.int32)))
 
 
-def test_frontier_inputs_gather_the_parent_rows_and_add_the_own_slot():
-    """NumPy: features = hidden[parent_rows], next mask = mask[parent_rows] | own column (own_first + row)."""
-    rng = np.random.default_rng(3)
-    b, k, h, w, own_first = 2, 3, 5, 11, 6
-    hidden = rng.standard_normal((b, k, h)).astype(np.float32)
-    mask = rng.random((b, k, w)) < 0.4
-    parent_rows = rng.integers(0, k, (b, k)).astype(np.int32)
-    feats, next_mask = cpu_kernels.frontier_inputs_op()(Tensor(hidden), Tensor(mask), Tensor(parent_rows),
-                                                         Tensor(np.array([own_first], np.int32)))
-    rows = np.arange(b)[:, None]
-    want_mask = mask[rows, parent_rows]
-    want_mask[:, np.arange(k), own_first + np.arange(k)] = True
-    np.testing.assert_array_equal(feats.asnumpy(), hidden[rows, parent_rows])
-    np.testing.assert_array_equal(next_mask.asnumpy(), want_mask)
-
-
 def numpy_extend_inputs(result, committed_len, scratch, capacity, window, width):
     """NumPy reference of the draft extend's rows (DraftTreeStep.extend's contract)."""
     b, rows = result.shape[0], (result.shape[1] - 1) // 2

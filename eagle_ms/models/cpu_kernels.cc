@@ -7,7 +7,7 @@
 // composite form in eagle_ms/models/layers.py, attention_layer.py and attention.py (the reference mode
 // runs that form). Loops are written so that the compiler vectorises them without reassociating
 // floating-point math on its own (no -ffast-math): sums use explicit partial accumulators, and exp is the
-// polynomial ``exp_approx`` below (relative error ~2e-7, exactly 0 where fp32 exp underflows).
+// polynomial ``exp_approx`` of layer_math.h (relative error ~2e-7, exactly 0 where fp32 exp underflows).
 //
 // Calling convention (MindSpore AOT, CPU): params holds the inputs, then the outputs; ndims/shapes/dtypes
 // describe each. Every tensor is contiguous (row-major) and float32 unless its kernel says otherwise. A
@@ -21,51 +21,8 @@
 
 #include "kernel_common.h"
 
-namespace {
+#include "layer_math.h"
 
-constexpr int kLanes = 8;  // partial sums per reduction (one AVX register of fp32)
-
-// e^x for fp32: x = n ln2 + r with n = round(x / ln2) and |r| <= ln2/2, Cephes' degree-6 polynomial for
-// e^r, times 2^n built in the exponent bits. n comes from the float sum x/ln2 + 1.5*2^23 (whose low bits
-// hold it), so that the loop has no float->int conversion and vectorises. x is clamped to [-88, 88.5]:
-// below about -87.7 the result is exactly 0 (2^-127 is built as the bits 0; fp32 e^x is denormal there,
-// so masked logits at -1e30 give 0), above 88.38 it is +inf (n = 128).
-inline float exp_approx(float x) {
-  const float floor_clamped = x < -88.0f ? -88.0f : x;
-  const float xc = floor_clamped > 88.5f ? 88.5f : floor_clamped;
-  const float shifted = xc * 1.44269504088896341f + 12582912.0f;
-  const float fn = shifted - 12582912.0f;
-  const int32_t n = __builtin_bit_cast(int32_t, shifted) - 0x4B400000;
-  const float r = (xc - fn * 0.693359375f) - fn * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float e_r = p * r * r + r + 1.0f;
-  return e_r * __builtin_bit_cast(float, (n + 127) * (1 << 23));
-}
-
-float sum_of_squares(const float *x, int64_t h) {
-  float acc[kLanes] = {0.0f};
-  int64_t j = 0;
-  for (; j + kLanes <= h; j += kLanes) {
-    for (int u = 0; u < kLanes; ++u) acc[u] += x[j + u] * x[j + u];
-  }
-  float sum = 0.0f;
-  for (int u = 0; u < kLanes; ++u) sum += acc[u];
-  for (; j < h; ++j) sum += x[j] * x[j];
-  return sum;
-}
-
-// y = x * (1 / sqrt(mean(x^2) + eps)) * w over one row of h values.
-void rms_norm_row(const float *x, const float *w, float eps, int64_t h, float *y) {
-  const float inv = 1.0f / std::sqrt(sum_of_squares(x, h) / static_cast<float>(h) + eps);
-  for (int64_t j = 0; j < h; ++j) y[j] = x[j] * inv * w[j];
-}
-
-}  // namespace
 
 // RmsNorm(x [..., H], w [H], eps [1]) -> y like x: y = x * (1 / sqrt(mean(x^2 over H) + eps)) * w per row.
 extern "C" int RmsNorm(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
@@ -132,9 +89,7 @@ extern "C" int AddRmsNorm(int nparam, void **params, int *ndims, int64_t **shape
   float *s = static_cast<float *>(params[5]);
   float *y = static_cast<float *>(params[6]);
   for (int64_t r = 0; r < size / h; ++r) {
-    float *sr = s + r * h;
-    for (int64_t j = 0; j < h; ++j) sr[j] = x[r * h + j] + (a[r * h + j] + bias[j]);
-    rms_norm_row(sr, w, eps, h, y + r * h);
+    add_rms_norm_row(x + r * h, a + r * h, bias, w, eps, h, s + r * h, y + r * h);
   }
   return 0;
 }
@@ -151,10 +106,7 @@ extern "C" int SiluMul(int nparam, void **params, int *ndims, int64_t **shapes, 
   const float *gu = static_cast<const float *>(params[0]);
   float *y = static_cast<float *>(params[1]);
   for (int64_t r = 0; r < rows; ++r) {
-    const float *gate = gu + r * width;
-    const float *up = gate + inter;
-    float *yr = y + r * inter;
-    for (int64_t j = 0; j < inter; ++j) yr[j] = gate[j] / (1.0f + exp_approx(-gate[j])) * up[j];
+    silu_mul_row(gu + r * width, gu + r * width + inter, inter, y + r * inter);
   }
   return 0;
 }
@@ -181,8 +133,6 @@ extern "C" int RopeSplit(int nparam, void **params, int *ndims, int64_t **shapes
   float *q = static_cast<float *>(params[4]);
   float *k = static_cast<float *>(params[5]);
   float *v = static_cast<float *>(params[6]);
-  const int64_t half = d / 2;
-  float x[1024];
   for (int64_t bi = 0; bi < b; ++bi) {
     for (int64_t ni = 0; ni < n; ++ni) {
       const int64_t table = (bi * nc + (nc == 1 ? 0 : ni)) * d;
@@ -197,10 +147,7 @@ extern "C" int RopeSplit(int nparam, void **params, int *ndims, int64_t **shapes
           for (int64_t j = 0; j < d; ++j) dst[j] = xh[j] + bh[j];
           continue;
         }
-        float *out = h < hq ? q + ((bi * hq + h) * n + ni) * d : k + ((bi * n + ni) * hkv + (h - hq)) * d;
-        for (int64_t j = 0; j < d; ++j) x[j] = xh[j] + bh[j];
-        for (int64_t j = 0; j < half; ++j) out[j] = x[j] * c[j] + x[j + half] * s[j];
-        for (int64_t j = half; j < d; ++j) out[j] = x[j] * c[j] + x[j - half] * s[j];
+        rope_head(xh, bh, c, s, d, h < hq ? q + ((bi * hq + h) * n + ni) * d : k + ((bi * n + ni) * hkv + (h - hq)) * d);
       }
     }
   }
@@ -277,113 +224,6 @@ extern "C" int MaskedSoftmax(int nparam, void **params, int *ndims, int64_t **sh
 // transposed once into [D, J'] (J' = J rounded up to kSlotBlock, zero padded), so that scores are vector
 // multiply-adds with no horizontal sums; the G*N rows of a KV head go kRowBlock at a time, so that each key
 // and value vector loaded serves several rows.
-namespace {
-
-constexpr int64_t kSlotBlock = 16;
-constexpr int64_t kRowBlock = 4;
-
-// The widest float vector the build targets (GCC/Clang vector extension): 16 lanes (one AVX-512 register)
-// when -march=native finds AVX-512, else 8 (one AVX register on x86-64, two NEON quads on ARM). Arithmetic
-// on it is lane by lane, so each lane's sums keep their order whatever the width: the results are the same
-// bits on every width. (A 16-lane type without AVX-512 compiled to far slower code in a
-// trial.)
-#if defined(__AVX512F__)
-typedef float VecF __attribute__((vector_size(64)));
-#else
-typedef float VecF __attribute__((vector_size(32)));
-#endif
-constexpr int64_t kVecLanes = sizeof(VecF) / sizeof(float);
-constexpr int64_t kBlockVecs = kSlotBlock / kVecLanes;  // vectors per 16 slots (or 16 head columns)
-
-inline VecF load_vec(const float *p) {
-  VecF v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-inline void store_vec(float *p, VecF v) { std::memcpy(p, &v, sizeof v); }
-
-// For the kRowBlock query rows qr[r]: scores[r][j] = sum over e (in order) of qr[r][e] * keys_t[e][j], j in
-// [0, padded); keys_t is [d, padded] (padded a multiple of kSlotBlock = 16), scores rows are ``padded`` apart.
-void block_scores(const float *const *qr, const float *keys_t, int64_t d, int64_t padded, float *scores) {
-  for (int64_t jb = 0; jb < padded; jb += kSlotBlock) {
-    VecF acc[kRowBlock][kBlockVecs] = {};
-    for (int64_t e = 0; e < d; ++e) {
-      VecF keys[kBlockVecs];
-      for (int64_t u = 0; u < kBlockVecs; ++u) keys[u] = load_vec(keys_t + e * padded + jb + u * kVecLanes);
-      for (int64_t r = 0; r < kRowBlock; ++r) {
-        const float qe = qr[r][e];
-        for (int64_t u = 0; u < kBlockVecs; ++u) acc[r][u] += qe * keys[u];
-      }
-    }
-    for (int64_t r = 0; r < kRowBlock; ++r) {
-      for (int64_t u = 0; u < kBlockVecs; ++u) store_vec(scores + r * padded + jb + u * kVecLanes, acc[r][u]);
-    }
-  }
-}
-
-// One row of scores -> its probabilities in place over slots [0, used): softmax of score*scale over the
-// kept slots (keep[j] != 0), exactly 0 at the dropped ones. The exponentials are summed in kLanes partial
-// sums (slot j into lane j % kLanes, ascending j; a dropped slot adds exactly +0) combined in lane order, so
-// the row's result does not depend on ``used`` or on the other rows; every loop is branch-free and vectorises.
-void row_probabilities(float *p, const uint8_t *keep, float scale, int64_t used) {
-  float lane_top[kLanes];  // the largest kept scaled score per lane (a maximum: the order does not matter)
-  for (int u = 0; u < kLanes; ++u) lane_top[u] = -INFINITY;
-  int64_t j = 0;
-  for (; j + kLanes <= used; j += kLanes) {
-    for (int u = 0; u < kLanes; ++u) {
-      p[j + u] = p[j + u] * scale;
-      lane_top[u] = std::max(lane_top[u], keep[j + u] ? p[j + u] : -INFINITY);
-    }
-  }
-  for (int u = 0; j < used; ++u, ++j) {
-    p[j] = p[j] * scale;
-    lane_top[u] = std::max(lane_top[u], keep[j] ? p[j] : -INFINITY);
-  }
-  float top = lane_top[0];
-  for (int u = 1; u < kLanes; ++u) top = std::max(top, lane_top[u]);
-  for (int64_t j = 0; j < used; ++j) {
-    const float e = exp_approx(p[j] - top);  // a dropped slot's may be anything, even +inf: replaced by 0
-    p[j] = keep[j] ? e : 0.0f;
-  }
-  float lane[kLanes] = {0.0f};
-  for (j = 0; j + kLanes <= used; j += kLanes) {
-    for (int u = 0; u < kLanes; ++u) lane[u] += p[j + u];
-  }
-  for (int u = 0; j < used; ++u, ++j) lane[u] += p[j];
-  float total = 0.0f;
-  for (int u = 0; u < kLanes; ++u) total += lane[u];
-  for (j = 0; j < used; ++j) p[j] = p[j] / total;
-}
-
-// For the kRowBlock rows of probabilities p (rows ``padded`` apart): out[r][e] = sum over j in [0, used) (in
-// order) of p[r][j] * values[j][e]; d values per slot row. A dropped slot's weight 0 adds exactly +0.
-void block_values(const float *p, int64_t padded, const float *values, int64_t d, int64_t used, float *const *out) {
-  int64_t e0 = 0;
-  for (; e0 + kSlotBlock <= d; e0 += kSlotBlock) {  // 16 head columns at a time
-    VecF acc[kRowBlock][kBlockVecs] = {};
-    for (int64_t j = 0; j < used; ++j) {
-      VecF vals[kBlockVecs];
-      for (int64_t u = 0; u < kBlockVecs; ++u) vals[u] = load_vec(values + j * d + e0 + u * kVecLanes);
-      for (int64_t r = 0; r < kRowBlock; ++r) {
-        const float pj = p[r * padded + j];
-        for (int64_t u = 0; u < kBlockVecs; ++u) acc[r][u] += pj * vals[u];
-      }
-    }
-    for (int64_t r = 0; r < kRowBlock; ++r) {
-      for (int64_t u = 0; u < kBlockVecs; ++u) store_vec(out[r] + e0 + u * kVecLanes, acc[r][u]);
-    }
-  }
-  for (; e0 < d; ++e0) {  // a head size that is not a multiple of 16: the last columns one at a time
-    for (int64_t r = 0; r < kRowBlock; ++r) {
-      float sum = 0.0f;
-      for (int64_t j = 0; j < used; ++j) sum += p[r * padded + j] * values[j * d + e0];
-      out[r][e0] = sum;
-    }
-  }
-}
-
-}  // namespace
 
 extern "C" int WindowAttention(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                                void *, void *) {
@@ -407,6 +247,7 @@ extern "C" int WindowAttention(int nparam, void **params, int *ndims, int64_t **
   const float *scales = static_cast<const float *>(params[4]);
   float *out = static_cast<float *>(params[5]);
   std::vector<float> keys_t, p;
+  std::vector<const float *> value_rows;
   std::vector<float> scratch(d);  // the output of a short block's padding rows
   for (int64_t bi = 0; bi < b; ++bi) {
     const uint8_t *mb = mask + bi * n * w;
@@ -422,11 +263,13 @@ extern "C" int WindowAttention(int nparam, void **params, int *ndims, int64_t **
     const int64_t padded = (used + kSlotBlock - 1) / kSlotBlock * kSlotBlock;
     keys_t.assign(d * padded, 0.0f);
     p.resize(kRowBlock * padded);
+    value_rows.resize(used);
     for (int64_t h = 0; h < hkv; ++h) {
       const float *keys = k_cache + (bi * hkv + h) * s * d;
       const float *values = v_cache + (bi * hkv + h) * s * d;
       for (int64_t j = 0; j < used; ++j) {
         for (int64_t e = 0; e < d; ++e) keys_t[e * padded + j] = keys[j * d + e];
+        value_rows[j] = values + j * d;
       }
       // row i of this KV head: query head h*G + i/N, position i%N; a short last block repeats its first row
       for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
@@ -449,7 +292,7 @@ extern "C" int WindowAttention(int nparam, void **params, int *ndims, int64_t **
             std::fill(pr, pr + used, 0.0f);  // padding rows of a short block: weight 0, written to scratch
           }
         }
-        block_values(p.data(), padded, values, d, used, dst);
+        block_values(p.data(), padded, value_rows.data(), d, used, dst);
       }
     }
   }
@@ -475,37 +318,6 @@ extern "C" int LogSoftmaxTopK(int nparam, void **params, int *ndims, int64_t **s
   const int32_t *d2t = static_cast<const int32_t *>(params[1]);
   float *values = static_cast<float *>(params[2]);
   int32_t *ids = static_cast<int32_t *>(params[3]);
-  float best[1024];
-  int64_t where[1024];
-  for (int64_t r = 0; r < rows; ++r) {
-    const float *x = logits + r * v;
-    int64_t filled = 0;
-    for (int64_t i = 0; i < v; ++i) {  // insertion into the sorted K best; a tie never displaces
-      if (filled == k && !(x[i] > best[k - 1])) continue;
-      int64_t pos = filled < k ? filled : k - 1;
-      while (pos > 0 && x[i] > best[pos - 1]) {
-        best[pos] = best[pos - 1];
-        where[pos] = where[pos - 1];
-        --pos;
-      }
-      best[pos] = x[i];
-      where[pos] = i;
-      if (filled < k) ++filled;
-    }
-    const float top = best[0];
-    float acc[kLanes] = {0.0f};
-    int64_t j = 0;
-    for (; j + kLanes <= v; j += kLanes) {
-      for (int u = 0; u < kLanes; ++u) acc[u] += exp_approx(x[j + u] - top);
-    }
-    float total = 0.0f;
-    for (int u = 0; u < kLanes; ++u) total += acc[u];
-    for (; j < v; ++j) total += exp_approx(x[j] - top);
-    const float log_total = std::log(total);
-    for (int64_t c = 0; c < k; ++c) {
-      values[r * k + c] = (best[c] - top) - log_total;
-      ids[r * k + c] = static_cast<int32_t>(where[c]) + d2t[where[c]];
-    }
-  }
+  for (int64_t r = 0; r < rows; ++r) log_softmax_top_k_row(logits + r * v, v, d2t, k, values + r * k, ids + r * k);
   return 0;
 }

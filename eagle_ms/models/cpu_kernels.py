@@ -30,8 +30,10 @@ from eagle_ms.files import atomic_write
 
 ENV_KERNEL_DIR = "EAGLE_MS_KERNEL_DIR"
 _HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = tuple(os.path.join(_HERE, name) for name in ("cpu_kernels.cc", "tree_kernels.cc", "verify_kernels.cc"))
-HEADERS = (os.path.join(_HERE, "kernel_common.h"),)  # included by SOURCES; part of the library digest
+SOURCES = tuple(os.path.join(_HERE, name) for name in (
+    "cpu_kernels.cc", "tree_kernels.cc", "verify_kernels.cc", "draft_kernels.cc"))
+HEADERS = tuple(os.path.join(_HERE, name) for name in ("kernel_common.h", "layer_math.h", "tree_math.h"))  # included by
+# SOURCES; part of the library digest
 # -fno-trapping-math lets selects vectorise (no FP exception is ever observed); no -ffast-math: the code
 # itself decides the order of every sum
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-ffp-contract=off", "-fno-trapping-math")
@@ -211,12 +213,6 @@ def root_pair_op():
                    lambda result, lp, ids, hid, t, slp, sids, shid: (t, slp, sids, shid))
 
 
-def frontier_inputs_op():
-    """(hidden [B,k,H] f32, mask [B,k,W] bool, parent_rows [B,k] i32, own_first [1] i32) -> (features [B,k,H],
-    next_mask [B,k,W] bool): the next depth's features and masks (tree_kernels.cc ``FrontierInputs``)."""
-    return _custom("FrontierInputs", lambda hid, mask, rows, own: (hid, mask), lambda hid, mask, rows, own: (hid, mask))
-
-
 def tree_finish_op():
     """(scores [B,C], ints [B,3,C], root_token [B] i32, committed_len [B] i32, layout [D+1,N] i32 (shape
     only)) -> the 12 tree tensors of ``TreeGrowth.finish`` (N = M + 1, P = M; tree_kernels.cc
@@ -231,6 +227,34 @@ def tree_finish_op():
     i32, flag = ms.int32, ms.bool_
     return _custom("TreeFinish", shapes, lambda *_: (i32, i32, i32, flag, i32, i32, i32, flag, i32, i32, i32,
                                                      ms.float32))
+
+
+def draft_expand_op(top_k: int):
+    """(ids [B,n] i32, features [B,n,H], cos [B,n,Dh], sin [B,n,Dh], slots [B,n] i32, keep [B,n,W] bool,
+    k_cache [B*Hkv*S,Dh], v_cache [B*Hkv*S,Dh], then ``Eagle3Draft.kernel_weights()``) -> (top-K logprob
+    [B,n,K], target ids [B,n,K] i32, hidden [B,n,H], k [B,n,Hkv,Dh], v [B,n,Hkv,Dh]): one draft call over n
+    rows, the rows' own K/V returned for the cache (draft_kernels.cc ``DraftExpand``)."""
+    import mindspore as ms
+
+    def shapes(ids, feats, cos, sin, slots, keep, k_cache, v_cache, *weights):
+        b, n = ids
+        kv = [b, n, weights[-1][0], k_cache[1]]
+        return [b, n, top_k], [b, n, top_k], list(feats), kv, kv
+
+    return _custom("DraftExpand", shapes, lambda *_: (ms.float32, ms.int32, ms.float32, ms.float32, ms.float32))
+
+
+def draft_tree_op():
+    """(root_logprob [B,K], root_ids [B,K] i32, root_hidden [B,H], length [B] i32, cos [B,D-1,Dh], sin
+    [B,D-1,Dh], k_cache, v_cache, settings [2] i32 (scratch X, context window or 0), cut [1] f32, layout
+    [k,C] i32 (shape only), then ``Eagle3Draft.kernel_weights()``) -> the candidate tables (scores [B,C] f32,
+    ints [B,3,C] i32) after every expansion depth (draft_kernels.cc ``DraftTree``)."""
+    import mindspore as ms
+
+    def shapes(lp, ids, hidden, length, cos, sin, kc, vc, settings, cut, layout, *weights):
+        return [lp[0], layout[1]], [lp[0], 3, layout[1]]
+
+    return _custom("DraftTree", shapes, lambda *_: (ms.float32, ms.int32))
 
 
 def verify_mask_op():

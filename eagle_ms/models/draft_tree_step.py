@@ -28,9 +28,11 @@ In the graph (the draft-cache layout of eagle_ms/eagle3_drafter.py: scratch [0, 
   4. ``TreeGrowth.finish``: rerank to M, chain-first node ids, the tree tensors.
 A depth's mask row is its parent row's plus its own scratch slot (the parent's row already holds the
 committed pairs and the parent's ancestors' slots), so each depth's inputs are two gathers and an or.
-With the fused CPU kernels (``Eagle3Draft.kernels`` 'cpu') ``KernelTreeGrowth`` (eagle_ms/models/
-tree_kernels.py) does steps 3-4's bookkeeping in one kernel per depth plus one, and ``FrontierInputs``
-a depth's inputs in one kernel, with the same outputs.
+With the fused CPU kernels (``Eagle3Draft.kernels`` 'cpu') step 3 is one kernel, ``DraftTree``
+(eagle_ms/models/draft_kernels.cc: every depth's layer, its attention over the cache read in place and the
+tree's own K/V kept in the kernel, and ``TreeGrowth.grow``'s bookkeeping), and step 4 is
+``KernelTreeGrowth.finish`` (eagle_ms/models/tree_kernels.py), with the same outputs: the host path's
+expand calls run the same layer code (``DraftExpand``), so the two trees are the same bits.
 Worked example (X = 24, L = 10, A = 2, D = 4): extend rows 0..2 write slots 34, 35, 36 (positions 10..12),
 rows 3, 4 write scratch slots 3, 4; L' = 13; depth-2 row 1 writes scratch slot k + 1 at position 13.
 
@@ -110,8 +112,9 @@ class DraftTreeStep(nn.Cell):
         # expansion at depth t, row r -> scratch slot (t-1)k + r: its mask column and its cache rows
         slots = [(t - 1) * self.k + np.arange(self.k) for t in range(1, self.grown)]
         self.own = [Tensor((np.arange(self.width) == s[:, None])[None]) for s in slots]  # [1, k, X+W] bool
-        self.own_first = [Tensor(np.array([s[0]], np.int32)) for s in slots]  # [1]: depth t's first own column
-        self.frontier_kernel = fused_kernel(draft.kernels, cpu_kernels.frontier_inputs_op)
+        # the fused CPU kernels with attention over the cache in place: every expansion depth in one kernel
+        self.tree_kernel = cpu_kernels.draft_tree_op() if draft.midlayer.self_attn.window_in_place else None
+        self.tree_settings = Tensor(np.array([self.scratch, context_window or 0], np.int32))
         self.extend_kernel = fused_kernel(draft.kernels, cpu_kernels.extend_inputs_op)
         self.root_kernel = fused_kernel(draft.kernels, cpu_kernels.root_pair_op)
         self.extend_settings = Tensor(np.array([self.scratch, draft.capacity, context_window or 0], np.int32))
@@ -172,6 +175,8 @@ class DraftTreeStep(nn.Cell):
     def draft_tree(self, root, length):
         """Grow depths 1..D from the root pair at committed length L' [B]; the tree tensors (steps 3-4)."""
         token, logprob, target_ids, hidden = root
+        if self.tree_kernel is not None and self.grown > 1:
+            return self.growth.finish(self.kernel_tree(logprob, target_ids, hidden, length), length, token)
         b, k = hidden.shape[0], self.k
         state = self.growth.start(logprob, target_ids)
         feats = ops.broadcast_to(hidden[:, None, :], (b, k, hidden.shape[-1]))  # [B, k, H]
@@ -185,12 +190,20 @@ class DraftTreeStep(nn.Cell):
                 feats, mask = self.frontier_inputs(hid, mask, parent_rows, depth + 1)
         return self.growth.finish(state, length, token)
 
+    def kernel_tree(self, logprob, target_ids, hidden, length):
+        """Depths 1..D-1 in one kernel (``cpu_kernels.DraftTree``) from the root pair's top-K [B, K] and hidden
+        [B, H] at L' [B]: the candidate tables (scores [B, C], ints [B, 3, C]) for ``growth.finish``."""
+        positions = length.reshape(-1, 1) + self.depth_offsets               # [B, D-1]: L'-1+t
+        cos, sin = self.draft.midlayer.self_attn.head_tables(*self.draft.rotary(positions))  # [B, D-1, Dh]
+        cache = self.draft.midlayer.self_attn.kv_cache
+        return self.tree_kernel(logprob, target_ids.astype(ms.int32), hidden, length.astype(ms.int32), cos, sin,
+                                cache.k_cache, cache.v_cache, self.tree_settings, self.growth.cut,
+                                self.growth.start_layout, *self.draft.kernel_weights())
+
     def frontier_inputs(self, hidden, mask, parent_rows, depth: int):
         """The expand inputs of ``depth`` (>= 2) from depth-1's call: row r's feature is its parent row's
         hidden [B, k, H]; its mask [B, k, X+W] is its parent row's (committed pairs, the parent's ancestors'
         scratch slots and the parent's own) plus its own scratch slot."""
-        if self.frontier_kernel is not None:  # one kernel instead of two gathers and an or
-            return self.frontier_kernel(hidden, mask, parent_rows, self.own_first[depth - 1])
         feats = ops.gather(hidden, parent_rows, 1, batch_dims=1)
         return feats, ops.gather(mask, parent_rows, 1, batch_dims=1) | self.own[depth - 1]
 

@@ -257,6 +257,16 @@ class Eagle3Draft(nn.Cell):
         h, mlp_out = self.midlayer(normed_in, feature, cos, sin, rows, mask)
         return self.norm.residual(h, mlp_out)
 
+    def kernel_weights(self):
+        """The weights as the draft kernels take them (eagle_ms/models/draft_kernels.cc ``kWeightInputs``):
+        embedding, the two input norms, q/k/v and its (zero) bias, o, the post-attention norm, gate/up, down,
+        the final norm, lm_head, d2t, eps [1], the score scale per KV head [Hkv]."""
+        mid, attn = self.midlayer, self.midlayer.self_attn
+        return (self.embed_tokens.weight, mid.input_layernorm.weight, mid.hidden_norm.weight, attn.qkv_proj.weight,
+                attn.qkv_bias, attn.o_proj.weight, mid.post_attention_layernorm.weight, mid.mlp.gate_up_proj.weight,
+                mid.mlp.down_proj.weight, self.norm.weight, self.lm_head.weight, self.d2t, mid.eps_tensor,
+                attn.attn.kv_head_scales)
+
     def logprobs(self, hidden):
         """hidden [B,N,H] -> log-softmax over the draft vocabulary [B,N,Vd] fp32."""
         return ops.log_softmax(self.lm_head(self.norm(hidden)).astype(ms.float32), axis=-1)  # [B,N,Vd]
@@ -274,11 +284,26 @@ class Eagle3Draft(nn.Cell):
 
 
 class Eagle3Expand(nn.Cell):
-    """The ``expand`` graph over the same weights and cache: features are the draft's own hidden [B,N,H]."""
+    """The ``expand`` graph over the same weights and cache: features are the draft's own hidden [B,N,H].
+
+    With the fused CPU kernels (the draft's ``kernels`` 'cpu', eager attention) the layer is one kernel
+    (``cpu_kernels.DraftExpand``: the code the device tree kernel ``DraftTree`` runs per depth, so the host
+    path's tree and the device tree are the same bits) and the rows' K/V are written to the cache after it."""
 
     def __init__(self, draft: Eagle3Draft):
         super().__init__(auto_prefix=False)  # never rename the draft's (or the shared teacher's) parameters
         self.draft = draft
+        attn = draft.midlayer.self_attn
+        self.kernel = cpu_kernels.draft_expand_op(draft.top_k) if attn.window_in_place else None
 
     def construct(self, input_ids, hidden, position_ids, cache_slots, attn_mask):
-        return self.draft.step(input_ids, hidden, position_ids, cache_slots, attn_mask)
+        draft = self.draft
+        if self.kernel is None:
+            return draft.step(input_ids, hidden, position_ids, cache_slots, attn_mask)
+        attn = draft.midlayer.self_attn
+        cos, sin = attn.head_tables(*draft.rotary(position_ids))            # [B, n, Dh] each
+        logprob, ids, out, k, v = self.kernel(input_ids.astype(ms.int32), hidden.astype(ms.float32), cos, sin,
+                                              cache_slots.astype(ms.int32), attn_mask, attn.kv_cache.k_cache,
+                                              attn.kv_cache.v_cache, *draft.kernel_weights())
+        attn.kv_cache.write(k, v, flat_rows(cache_slots, draft.config.num_key_value_heads, draft.capacity))
+        return logprob, ids, out

@@ -22,20 +22,8 @@
 #include <vector>
 
 #include "kernel_common.h"
+#include "tree_math.h"
 
-namespace {
-
-enum IntRow { kToken = 0, kParent = 1, kValid = 2 };
-
-// Indices 0..n-1 ordered by (score descending, index ascending): std::stable_sort keeps equal scores in
-// index order. Only ``want`` leading entries are needed; n is at most a few hundred.
-std::vector<int32_t> rank_order(const float *scores, const std::vector<int32_t> &ids) {
-  std::vector<int32_t> order(ids);
-  std::stable_sort(order.begin(), order.end(), [scores](int32_t a, int32_t b) { return scores[a] > scores[b]; });
-  return order;
-}
-
-}  // namespace
 
 // TreeStart(root_logprob [B, K] f32, root_ids [B, K] i32, layout [k, C] i32)
 //   -> (scores [B, C] f32, ints [B, 3, C] i32, front_scores [B, k] f32, front_ids [B, k] i32,
@@ -62,21 +50,8 @@ extern "C" int TreeStart(int nparam, void **params, int *ndims, int64_t **shapes
   float *front_scores = static_cast<float *>(params[5]);
   int32_t *front_ids = static_cast<int32_t *>(params[6]), *front_tokens = static_cast<int32_t *>(params[7]);
   for (int64_t r = 0; r < b; ++r) {
-    float *s = scores + r * c;
-    int32_t *tok = ints + r * 3 * c, *par = tok + c, *valid = par + c;
-    std::fill(s, s + c, 0.0f);
-    std::fill(tok, tok + c, 0);
-    std::fill(par, par + c, -1);
-    std::fill(valid, valid + c, 0);
-    for (int64_t i = 0; i < k; ++i) {
-      const float lp = root_lp[r * top + i];
-      s[i] = lp < 0.0f ? lp : 0.0f;
-      tok[i] = root_ids[r * top + i];
-      valid[i] = 1;
-      front_scores[r * k + i] = s[i];
-      front_ids[r * k + i] = static_cast<int32_t>(i);
-      front_tokens[r * k + i] = tok[i];
-    }
+    tree_start_row(root_lp + r * top, root_ids + r * top, k, c, scores + r * c, ints + r * 3 * c,
+                   front_scores + r * k, front_ids + r * k, front_tokens + r * k);
   }
   return 0;
 }
@@ -117,34 +92,11 @@ extern "C" int TreeGrow(int nparam, void **params, int *ndims, int64_t **shapes,
   int32_t *parent_rows = static_cast<int32_t *>(params[13]);
   std::memcpy(scores, in_scores, sizeof(float) * b * c);
   std::memcpy(ints, in_ints, sizeof(int32_t) * b * 3 * c);
-  std::vector<int32_t> children(k * k);
-  for (int64_t i = 0; i < k * k; ++i) children[i] = static_cast<int32_t>(i);
   for (int64_t r = 0; r < b; ++r) {
-    const float *fs = in_front_scores + r * k;
-    const int32_t *fid = in_front_ids + r * k;
-    if (fid[0] < 0 || fid[0] >= first) return 3;
-    float *s = scores + r * c;
-    int32_t *tok = ints + r * 3 * c, *par = tok + c, *valid = par + c;
-    const float best = *std::max_element(fs, fs + k);
-    const int32_t alive = valid[fid[0]] != 0 && best >= cut ? 1 : 0;
-    for (int64_t row = 0; row < k; ++row) {
-      for (int64_t col = 0; col < k; ++col) {
-        const float lp = logprob[(r * k + row) * top + col];
-        const int64_t id = first + row * k + col;
-        s[id] = fs[row] + (lp < 0.0f ? lp : 0.0f);
-        tok[id] = target_ids[(r * k + row) * top + col];
-        par[id] = fid[row];
-        valid[id] = alive;
-      }
-    }
-    const std::vector<int32_t> order = rank_order(s + first, children);
-    for (int64_t q = 0; q < k; ++q) {
-      const int32_t child = order[q];
-      front_scores[r * k + q] = s[first + child];
-      front_ids[r * k + q] = first + child;
-      front_tokens[r * k + q] = tok[first + child];
-      parent_rows[r * k + q] = static_cast<int32_t>(child / k);
-    }
+    if (!tree_grow_row(scores + r * c, ints + r * 3 * c, c, in_front_scores + r * k, in_front_ids + r * k,
+                       logprob + r * k * top, target_ids + r * k * top, top, k, first, cut, front_scores + r * k,
+                       front_ids + r * k, front_tokens + r * k, parent_rows + r * k))
+      return 3;
   }
   return 0;
 }
@@ -234,41 +186,6 @@ extern "C" int RootPair(int nparam, void **params, int *ndims, int64_t **shapes,
     std::memcpy(lp + r * top, fresh ? logprob + (r * rows + a) * top : kept_logprob + r * top, sizeof(float) * top);
     std::memcpy(ids + r * top, fresh ? target_ids + (r * rows + a) * top : kept_ids + r * top, sizeof(int32_t) * top);
     std::memcpy(hid + r * h, fresh ? hidden + (r * rows + a) * h : kept_hidden + r * h, sizeof(float) * h);
-  }
-  return 0;
-}
-
-// FrontierInputs(hidden [B, k, H] f32, mask [B, k, W] bool, parent_rows [B, k] i32, own_first [1] i32)
-//   -> (features [B, k, H] f32, next_mask [B, k, W] bool).
-// The next depth's expand inputs from this depth's: row r's feature is hidden[parent_rows[r]] (its parent's
-// draft hidden state) and its mask is the parent's mask row plus its own scratch slot, column own_first + r
-// (the parent's row holds the committed pairs, the parent's ancestors' slots and the parent's own slot).
-extern "C" int FrontierInputs(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                              void *, void *) {
-  static const char *const want[] = {"float32", "bool", "int32", "int32", "float32", "bool"};
-  if (nparam != 6) return 1;
-  if (!dtypes_are(dtypes, want, 6)) return 2;
-  if (ndims[0] != 3 || ndims[1] != 3) return 3;
-  const int64_t b = shapes[0][0], k = shapes[0][1], h = shapes[0][2], w = shapes[1][2];
-  const int32_t own_first = *static_cast<const int32_t *>(params[3]);
-  if (shapes[1][0] != b || shapes[1][1] != k || element_count(ndims[2], shapes[2]) != b * k ||
-      element_count(ndims[4], shapes[4]) != b * k * h || element_count(ndims[5], shapes[5]) != b * k * w ||
-      own_first < 0 || own_first + k > w)
-    return 3;
-  const float *hidden = static_cast<const float *>(params[0]);
-  const uint8_t *mask = static_cast<const uint8_t *>(params[1]);
-  const int32_t *parent_rows = static_cast<const int32_t *>(params[2]);
-  float *features = static_cast<float *>(params[4]);
-  uint8_t *next_mask = static_cast<uint8_t *>(params[5]);
-  for (int64_t r = 0; r < b; ++r) {
-    for (int64_t row = 0; row < k; ++row) {
-      const int32_t parent = parent_rows[r * k + row];
-      if (parent < 0 || parent >= k) return 3;
-      std::memcpy(features + (r * k + row) * h, hidden + (r * k + parent) * h, sizeof(float) * h);
-      uint8_t *dst = next_mask + (r * k + row) * w;
-      std::memcpy(dst, mask + (r * k + parent) * w, w);
-      dst[own_first + row] = 1;
-    }
   }
   return 0;
 }

@@ -1,0 +1,406 @@
+// The EAGLE-3 draft layer as one CPU kernel, and the whole EAGLE-2 draft tree (every expansion depth and its
+// bookkeeping) as one CPU kernel: MindSpore ``ops.Custom`` AOT operators declared in
+// eagle_ms/models/cpu_kernels.py, used by eagle_ms/models/eagle3.py (``DraftExpand``, the host path's expand
+// call) and eagle_ms/models/draft_tree_step.py (``DraftTree``, the device step's draft tree).
+//
+// Why: a depth of the draft tree launched 16 kernels (five matmuls, two cache scatters, nine fused kernels)
+// and the tree 9 dependent depths of them; on MindSpore's CPU runtime every launch costs a fixed 5-19 us
+// whatever it computes, and the matmuls over the tree's k rows are tiny (docs/teacher_profile.md). Here a
+// depth is a function call. The tree's own K/V rows never reach the cache: ``DraftTree`` keeps them in its
+// own buffer (they are scratch, rewritten by the next step's extend), so it writes no Parameter.
+//
+// Same bits on both paths: ``DraftExpand`` (one depth, the host path of eagle_ms/eagle3_drafter.py, whose
+// tree the reference mode compares with the device tree) and ``DraftTree`` run the same ``DraftLayer`` code
+// on the same inputs: the same matmul (``matmul_rows``: each output a sum over the input in ascending
+// order), the row math of layer_math.h, and attention over the kept slots in slot order wherever a slot's
+// K/V lives. Every row's result is independent of the other rows and of the row count.
+//
+// The layer (eagle_ms/models/eagle3.py ``Eagle3Draft.step`` with the 'cpu' kernels, the same operations in
+// the same order): x = [RmsNorm(embed[token]) w_in, RmsNorm(feature) w_hid]; qkv = x Wqkv; RoPE on the q and
+// k heads (``RopeSplit``); attention over the kept slots (``WindowAttention``); s = feature + (attn Wo + 0),
+// n = RmsNorm(s) w_post; m = silu(n Wg) * (n Wu) Wdown; hidden = s + (m + 0), n2 = RmsNorm(hidden) w_final;
+// the top-K of log_softmax(n2 Wlm) with target ids (``LogSoftmaxTopK``).
+//
+// Calling convention as cpu_kernels.cc: params = inputs then outputs, contiguous row-major. Return codes:
+// 1 = wrong number of tensors, 2 = a wrong dtype, 3 = inconsistent shapes or indices out of range.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "kernel_common.h"
+#include "layer_math.h"
+#include "tree_math.h"
+
+namespace {
+
+// y [n, out] = x [n, in] @ w [in, out] (row-major). Each y[r][j] is the sum over i in ascending order of
+// x[r][i] * w[i][j], one rounding per product and per add (the library is built with -ffp-contract=off), so
+// a row's result depends neither on n nor on the other rows. Rows go two at a time over 32-column tiles,
+// so that each weight vector loaded serves both.
+constexpr int64_t kTileVecs = 32 / kVecLanes;
+
+void matmul_rows(const float *x, int64_t n, int64_t in, const float *w, int64_t out, float *y) {
+  int64_t j0 = 0;
+  for (; j0 + 32 <= out; j0 += 32) {
+    for (int64_t r0 = 0; r0 < n; r0 += 2) {
+      const float *x0 = x + r0 * in, *x1 = x + std::min(r0 + 1, n - 1) * in;
+      VecF a0[kTileVecs] = {}, a1[kTileVecs] = {};
+      for (int64_t i = 0; i < in; ++i) {
+        const float *wi = w + i * out + j0;
+        const float s0 = x0[i], s1 = x1[i];
+        for (int64_t u = 0; u < kTileVecs; ++u) {
+          const VecF wv = load_vec(wi + u * kVecLanes);
+          a0[u] += s0 * wv;
+          a1[u] += s1 * wv;
+        }
+      }
+      for (int64_t u = 0; u < kTileVecs; ++u) store_vec(y + r0 * out + j0 + u * kVecLanes, a0[u]);
+      if (r0 + 1 < n) {
+        for (int64_t u = 0; u < kTileVecs; ++u) store_vec(y + (r0 + 1) * out + j0 + u * kVecLanes, a1[u]);
+      }
+    }
+  }
+  for (; j0 < out; ++j0) {  // the last out % 32 columns one at a time, in the same order
+    for (int64_t r = 0; r < n; ++r) {
+      float sum = 0.0f;
+      for (int64_t i = 0; i < in; ++i) sum += x[r * in + i] * w[i * out + j0];
+      y[r * out + j0] = sum;
+    }
+  }
+}
+
+// The draft's weights and sizes, read from the kernel inputs in ``kWeightInputs`` order.
+struct DraftLayer {
+  int64_t h, inter, hq, hkv, d, vocab, draft_vocab;
+  const float *embed, *w_in, *w_hid, *w_qkv, *qkv_bias, *w_o, *w_post, *w_gate_up, *w_down, *w_final, *w_lm;
+  const int32_t *d2t;
+  float eps;
+  const float *scales;  // [hkv] score scale per KV head
+  int64_t qkv_width() const { return (hq + 2 * hkv) * d; }
+};
+
+// The draft weights as kernel inputs, starting at ``first``: embed [V, H], input_layernorm [H], hidden_norm
+// [H], qkv [2H, (Hq+2Hkv)D], qkv bias [(Hq+2Hkv)D], o [Hq D, H], post_attention_layernorm [H], gate_up [H, 2I],
+// down [I, H], norm [H], lm_head [H, Vd], d2t [Vd] i32, eps [1], scale [Hkv] (its length gives Hkv).
+constexpr int kWeightInputs = 14;
+
+bool read_layer(void **params, int *ndims, int64_t **shapes, const char **dtypes, int first, int64_t head_dim,
+                DraftLayer *layer) {
+  for (int i = 0; i < kWeightInputs; ++i) {
+    if (std::strcmp(dtypes[first + i], i == 11 ? "int32" : "float32") != 0) return false;
+  }
+  auto size = [&](int i) { return element_count(ndims[first + i], shapes[first + i]); };
+  auto f32 = [&](int i) { return static_cast<const float *>(params[first + i]); };
+  if (ndims[first] != 2 || ndims[first + 3] != 2 || ndims[first + 7] != 2 || ndims[first + 10] != 2) return false;
+  DraftLayer &L = *layer;
+  L.vocab = shapes[first][0];
+  L.h = shapes[first][1];
+  L.inter = shapes[first + 7][1] / 2;
+  L.hkv = size(13);
+  L.d = head_dim;
+  L.draft_vocab = shapes[first + 10][1];
+  const int64_t qkv = shapes[first + 3][1];
+  if (L.d < 2 || L.d % 2 || L.d > 1024 || L.hkv < 1 || qkv % L.d || qkv / L.d <= 2 * L.hkv) return false;
+  L.hq = qkv / L.d - 2 * L.hkv;
+  if (L.hq % L.hkv || size(1) != L.h || size(2) != L.h || shapes[first + 3][0] != 2 * L.h || size(4) != qkv ||
+      size(5) != L.hq * L.d * L.h || size(6) != L.h || shapes[first + 7][0] != L.h || size(8) != L.inter * L.h ||
+      size(9) != L.h || shapes[first + 10][0] != L.h || size(11) != L.draft_vocab || size(12) != 1)
+    return false;
+  L.embed = f32(0), L.w_in = f32(1), L.w_hid = f32(2), L.w_qkv = f32(3), L.qkv_bias = f32(4), L.w_o = f32(5);
+  L.w_post = f32(6), L.w_gate_up = f32(7), L.w_down = f32(8), L.w_final = f32(9), L.w_lm = f32(10);
+  L.d2t = static_cast<const int32_t *>(params[first + 11]);
+  L.eps = *f32(12);
+  L.scales = f32(13);
+  return true;
+}
+
+// Working memory of one layer call over n rows.
+struct LayerRows {
+  std::vector<float> x, qkv, q, attn, o, s, normed, gate_up, act, mlp, normed2, logits, zeros;
+  LayerRows(const DraftLayer &L, int64_t n)
+      : x(n * 2 * L.h), qkv(n * L.qkv_width()), q(n * L.hq * L.d), attn(n * L.hq * L.d), o(n * L.h), s(n * L.h),
+        normed(n * L.h), gate_up(n * 2 * L.inter), act(n * L.inter), mlp(n * L.h), normed2(n * L.h),
+        logits(n * L.draft_vocab), zeros(std::max(L.h, L.qkv_width()), 0.0f) {}
+};
+
+// The layer up to attention for n rows: tokens [n], features [n, H], cos/sin [n][D] (row r's tables at
+// cos[r]) -> rows.q [n, Hq, D] and the rows' own k, v [n, Hkv, D]. False on a token outside the vocabulary.
+bool layer_front(const DraftLayer &L, int64_t n, const int32_t *tokens, const float *features,
+                 const float *const *cos, const float *const *sin, LayerRows &rows, float *k, float *v) {
+  const int64_t h = L.h, d = L.d;
+  for (int64_t r = 0; r < n; ++r) {
+    if (tokens[r] < 0 || tokens[r] >= L.vocab) return false;
+    rms_norm_row(L.embed + tokens[r] * h, L.w_in, L.eps, h, rows.x.data() + r * 2 * h);
+    rms_norm_row(features + r * h, L.w_hid, L.eps, h, rows.x.data() + r * 2 * h + h);
+  }
+  matmul_rows(rows.x.data(), n, 2 * h, L.w_qkv, L.qkv_width(), rows.qkv.data());
+  for (int64_t r = 0; r < n; ++r) {
+    const float *row = rows.qkv.data() + r * L.qkv_width();
+    for (int64_t head = 0; head < L.hq + 2 * L.hkv; ++head) {
+      const float *xh = row + head * d, *bh = L.qkv_bias + head * d;
+      if (head < L.hq) {
+        rope_head(xh, bh, cos[r], sin[r], d, rows.q.data() + (r * L.hq + head) * d);
+      } else if (head < L.hq + L.hkv) {
+        rope_head(xh, bh, cos[r], sin[r], d, k + (r * L.hkv + head - L.hq) * d);
+      } else {
+        float *dst = v + (r * L.hkv + head - L.hq - L.hkv) * d;
+        for (int64_t e = 0; e < d; ++e) dst[e] = xh[e] + bh[e];
+      }
+    }
+  }
+  return true;
+}
+
+// Attention of the n rows' queries (rows.q) over slots [0, used) -> rows.attn [n, Hq D]. Per KV head h:
+// keys_t[h] [D, padded] (slot j's key in column j, padded a multiple of kSlotBlock), values[h][j] slot j's
+// value row; keep[r] row r's mask over the slots (nonzero = attend). WindowAttention's row order and blocks.
+void layer_attention(const DraftLayer &L, int64_t n, const float *const *keys_t,
+                     const std::vector<const float *> *values, const uint8_t *const *keep, int64_t used,
+                     int64_t padded, LayerRows &rows, std::vector<float> &p) {
+  const int64_t d = L.d, groups = L.hq / L.hkv, count = groups * n;
+  p.resize(kRowBlock * padded);
+  std::vector<float> spare(d);
+  for (int64_t hk = 0; hk < L.hkv; ++hk) {
+    for (int64_t r0 = 0; r0 < count; r0 += kRowBlock) {
+      const int64_t real = std::min(count - r0, kRowBlock);
+      const float *qr[kRowBlock];
+      const uint8_t *m[kRowBlock];
+      float *dst[kRowBlock];
+      for (int64_t r = 0; r < kRowBlock; ++r) {
+        const int64_t i = r0 + (r < real ? r : 0), head = hk * groups + i / n, ni = i % n;
+        qr[r] = rows.q.data() + (ni * L.hq + head) * d;
+        m[r] = keep[ni];
+        dst[r] = r < real ? rows.attn.data() + (ni * L.hq + head) * d : spare.data();
+      }
+      block_scores(qr, keys_t[hk], d, padded, p.data());
+      for (int64_t r = 0; r < kRowBlock; ++r) {
+        float *pr = p.data() + r * padded;
+        if (r < real) {
+          row_probabilities(pr, m[r], L.scales[hk], used);
+        } else {
+          std::fill(pr, pr + used, 0.0f);
+        }
+      }
+      block_values(p.data(), padded, values[hk].data(), d, used, dst);
+    }
+  }
+}
+
+// The layer after attention for n rows: features [n, H] (the residual), rows.attn -> the top-K log-probs
+// [n, K] and target ids [n, K], hidden [n, H] (the pre-norm output: the children's feature).
+void layer_back(const DraftLayer &L, int64_t n, const float *features, int64_t top, LayerRows &rows,
+                float *logprob, int32_t *ids, float *hidden) {
+  const int64_t h = L.h, inter = L.inter;
+  matmul_rows(rows.attn.data(), n, L.hq * L.d, L.w_o, h, rows.o.data());
+  for (int64_t r = 0; r < n; ++r) {
+    add_rms_norm_row(features + r * h, rows.o.data() + r * h, rows.zeros.data(), L.w_post, L.eps, h,
+                     rows.s.data() + r * h, rows.normed.data() + r * h);
+  }
+  matmul_rows(rows.normed.data(), n, h, L.w_gate_up, 2 * inter, rows.gate_up.data());
+  for (int64_t r = 0; r < n; ++r) {
+    const float *gu = rows.gate_up.data() + r * 2 * inter;
+    silu_mul_row(gu, gu + inter, inter, rows.act.data() + r * inter);
+  }
+  matmul_rows(rows.act.data(), n, inter, L.w_down, h, rows.mlp.data());
+  for (int64_t r = 0; r < n; ++r) {
+    add_rms_norm_row(rows.s.data() + r * h, rows.mlp.data() + r * h, rows.zeros.data(), L.w_final, L.eps, h,
+                     hidden + r * h, rows.normed2.data() + r * h);
+  }
+  matmul_rows(rows.normed2.data(), n, h, L.w_lm, L.draft_vocab, rows.logits.data());
+  for (int64_t r = 0; r < n; ++r) {
+    log_softmax_top_k_row(rows.logits.data() + r * L.draft_vocab, L.draft_vocab, L.d2t, top, logprob + r * top,
+                          ids + r * top);
+  }
+}
+
+constexpr int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+}  // namespace
+
+// DraftExpand(ids [B, n] i32, features [B, n, H], cos [B, n, D], sin [B, n, D], slots [B, n] i32,
+//             keep [B, n, W] bool, k_cache [B*Hkv*S, D], v_cache [B*Hkv*S, D], <the 14 weight inputs>)
+//   -> (logprob [B, n, K], target_ids [B, n, K] i32, hidden [B, n, H], k [B, n, Hkv, D], v [B, n, Hkv, D]).
+// One draft call over n rows (the host path's expand): row r writes cache slot slots[r] and attends to the
+// slots keep[r] marks, reading its own and the other rows' K/V from this call and every other slot from the
+// cache (flat rows (b*Hkv + h)*S + slot); k and v are returned for the caller to write at the slots.
+extern "C" int DraftExpand(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                           void *, void *) {
+  constexpr int kIn = 8 + kWeightInputs;
+  if (nparam != kIn + 5) return 1;
+  static const char *const want[] = {"int32", "float32", "float32", "float32", "int32", "bool", "float32", "float32"};
+  if (!dtypes_are(dtypes, want, 8) || std::strcmp(dtypes[kIn + 1], "int32") != 0) return 2;
+  if (ndims[0] != 2 || ndims[5] != 3 || ndims[6] != 2 || ndims[kIn] != 3) return 3;
+  const int64_t b = shapes[0][0], n = shapes[0][1], width = shapes[5][2], d = shapes[6][1];
+  DraftLayer L;
+  if (!read_layer(params, ndims, shapes, dtypes, 8, d, &L)) return 3;
+  const int64_t top = shapes[kIn][2], slots_per = shapes[6][0] / (b * L.hkv);
+  if (n < 1 || top < 1 || top > std::min<int64_t>(L.draft_vocab, 1024) || shapes[6][0] != b * L.hkv * slots_per ||
+      width > slots_per || element_count(ndims[1], shapes[1]) != b * n * L.h ||
+      element_count(ndims[2], shapes[2]) != b * n * d || element_count(ndims[3], shapes[3]) != b * n * d ||
+      element_count(ndims[4], shapes[4]) != b * n || element_count(ndims[5], shapes[5]) != b * n * width ||
+      element_count(ndims[7], shapes[7]) != shapes[6][0] * d)
+    return 3;
+  const int32_t *ids = static_cast<const int32_t *>(params[0]), *slots = static_cast<const int32_t *>(params[4]);
+  const float *features = static_cast<const float *>(params[1]);
+  const float *cos_t = static_cast<const float *>(params[2]), *sin_t = static_cast<const float *>(params[3]);
+  const uint8_t *keep = static_cast<const uint8_t *>(params[5]);
+  const float *k_cache = static_cast<const float *>(params[6]), *v_cache = static_cast<const float *>(params[7]);
+  float *logprob = static_cast<float *>(params[kIn]), *hidden = static_cast<float *>(params[kIn + 2]);
+  int32_t *out_ids = static_cast<int32_t *>(params[kIn + 1]);
+  float *k_new = static_cast<float *>(params[kIn + 3]), *v_new = static_cast<float *>(params[kIn + 4]);
+  LayerRows rows(L, n);
+  std::vector<float> p;
+  for (int64_t bi = 0; bi < b; ++bi) {
+    std::vector<const float *> cos(n), sin(n);
+    std::vector<const uint8_t *> masks(n);
+    int64_t used = 0;  // 1 + the last slot a row keeps
+    for (int64_t r = 0; r < n; ++r) {
+      cos[r] = cos_t + (bi * n + r) * d;
+      sin[r] = sin_t + (bi * n + r) * d;
+      masks[r] = keep + (bi * n + r) * width;
+      if (slots[bi * n + r] < 0 || slots[bi * n + r] >= width) return 3;
+      for (int64_t j = width; j > used; --j) {
+        if (masks[r][j - 1]) {
+          used = j;
+          break;
+        }
+      }
+    }
+    float *kb = k_new + bi * n * L.hkv * d, *vb = v_new + bi * n * L.hkv * d;
+    if (!layer_front(L, n, ids + bi * n, features + bi * n * L.h, cos.data(), sin.data(), rows, kb, vb)) return 3;
+    const int64_t padded = round_up(std::max<int64_t>(used, 1), kSlotBlock);
+    std::vector<std::vector<float>> keys_t(L.hkv, std::vector<float>(d * padded, 0.0f));
+    std::vector<std::vector<const float *>> values(L.hkv, std::vector<const float *>(used));
+    std::vector<const float *> key_ptrs(L.hkv);
+    for (int64_t hk = 0; hk < L.hkv; ++hk) {
+      const int64_t base = (bi * L.hkv + hk) * slots_per;
+      for (int64_t j = 0; j < used; ++j) values[hk][j] = v_cache + (base + j) * d;
+      std::vector<const float *> keys(used);
+      for (int64_t j = 0; j < used; ++j) keys[j] = k_cache + (base + j) * d;
+      for (int64_t r = 0; r < n; ++r) {  // this call's rows: their K/V are not in the cache yet
+        const int64_t slot = slots[bi * n + r];
+        if (slot < used) {
+          keys[slot] = kb + (r * L.hkv + hk) * d;
+          values[hk][slot] = vb + (r * L.hkv + hk) * d;
+        }
+      }
+      for (int64_t j = 0; j < used; ++j) {
+        for (int64_t e = 0; e < d; ++e) keys_t[hk][e * padded + j] = keys[j][e];
+      }
+      key_ptrs[hk] = keys_t[hk].data();
+    }
+    layer_attention(L, n, key_ptrs.data(), values.data(), masks.data(), used, padded, rows, p);
+    layer_back(L, n, features + bi * n * L.h, top, rows, logprob + bi * n * top, out_ids + bi * n * top,
+               hidden + bi * n * L.h);
+  }
+  return 0;
+}
+
+// DraftTree(root_logprob [B, K], root_ids [B, K] i32, root_hidden [B, H], length [B] i32, cos [B, D-1, Dh],
+//           sin [B, D-1, Dh], k_cache [B*Hkv*S, Dh], v_cache [B*Hkv*S, Dh], settings [2] i32, cut [1],
+//           layout [k, C] i32 (shape only), <the 14 weight inputs>)
+//   -> (scores [B, C], ints [B, 3, C] i32): the candidate tables of tree_kernels.cc after depths 1..D-1.
+// The device step's draft tree (eagle_ms/models/draft_tree_step.py, module doc steps 3-4 without the final
+// rerank, which ``TreeFinish`` does). settings = (X scratch slots, context window w or 0 = unbounded); L' =
+// length. Depth t (1..D-1) runs the layer over the k frontier rows: tokens the frontier's, features their
+// parents' hidden (depth 1: root_hidden), position L'-1+t (the tables' row t-1), scratch slot (t-1)k + r; a
+// row sees the committed pairs [max(L'-w, 0), L') (cache slots X + pair), its ancestors' slots and its own,
+// then ``tree_grow_row`` (cut: log min_path_prob or -inf). The tree's K/V stay in this kernel's buffers.
+extern "C" int DraftTree(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                         void *, void *) {
+  constexpr int kIn = 11 + kWeightInputs;
+  if (nparam != kIn + 2) return 1;
+  static const char *const want[] = {"float32", "int32", "float32", "int32", "float32", "float32",
+                                     "float32", "float32", "int32", "float32", "int32"};
+  if (!dtypes_are(dtypes, want, 11) || std::strcmp(dtypes[kIn], "float32") != 0 ||
+      std::strcmp(dtypes[kIn + 1], "int32") != 0)
+    return 2;
+  if (ndims[0] != 2 || ndims[4] != 3 || ndims[6] != 2 || ndims[10] != 2 || ndims[kIn] != 2) return 3;
+  const int64_t b = shapes[0][0], top = shapes[0][1], depths = shapes[4][1] + 1, d = shapes[6][1];
+  const int64_t k = shapes[10][0], c = shapes[10][1];
+  DraftLayer L;
+  if (!read_layer(params, ndims, shapes, dtypes, 11, d, &L)) return 3;
+  const int64_t slots_per = shapes[6][0] / (b * L.hkv);
+  if (k < 1 || k > top || c != k + (depths - 1) * k * k || element_count(ndims[1], shapes[1]) != b * top ||
+      element_count(ndims[2], shapes[2]) != b * L.h || element_count(ndims[3], shapes[3]) != b ||
+      element_count(ndims[4], shapes[4]) != b * (depths - 1) * d || element_count(ndims[5], shapes[5]) != b * (depths - 1) * d ||
+      shapes[6][0] != b * L.hkv * slots_per || element_count(ndims[7], shapes[7]) != shapes[6][0] * d ||
+      element_count(ndims[8], shapes[8]) != 2 || element_count(ndims[kIn], shapes[kIn]) != b * c ||
+      element_count(ndims[kIn + 1], shapes[kIn + 1]) != b * 3 * c)
+    return 3;
+  const float *root_lp = static_cast<const float *>(params[0]), *root_hidden = static_cast<const float *>(params[2]);
+  const int32_t *root_ids = static_cast<const int32_t *>(params[1]), *length = static_cast<const int32_t *>(params[3]);
+  const float *cos_t = static_cast<const float *>(params[4]), *sin_t = static_cast<const float *>(params[5]);
+  const float *k_cache = static_cast<const float *>(params[6]), *v_cache = static_cast<const float *>(params[7]);
+  const int32_t *settings = static_cast<const int32_t *>(params[8]);
+  const float cut = *static_cast<const float *>(params[9]);
+  float *scores = static_cast<float *>(params[kIn]);
+  int32_t *ints = static_cast<int32_t *>(params[kIn + 1]);
+  const int64_t scratch = settings[0], window = settings[1];
+  if (scratch < (depths - 1) * k) return 3;
+  LayerRows rows(L, k);
+  std::vector<float> p, feats(k * L.h), hidden(k * L.h), logprob(k * top), tree_k(k * L.hkv * d), tree_v(k * L.hkv * d);
+  std::vector<float> tree_values(std::max<int64_t>(depths - 1, 1) * k * L.hkv * d);  // the tree's V, slot-major
+  std::vector<int32_t> ids(k * top), tokens(k), parent_rows(k), front_ids(k), next_ids(k);
+  std::vector<float> front_scores(k), next_scores(k);
+  for (int64_t bi = 0; bi < b; ++bi) {
+    const int64_t len = length[bi], lo = window > 0 ? std::max<int64_t>(len - window, 0) : 0;
+    const int64_t used = scratch + len;  // committed pairs end at slot X + L' - 1
+    if (len < 1 || used > slots_per) return 3;
+    const int64_t padded = round_up(used, kSlotBlock);
+    std::vector<std::vector<float>> keys_t(L.hkv, std::vector<float>(d * padded, 0.0f));
+    std::vector<std::vector<const float *>> values(L.hkv, std::vector<const float *>(used, tree_values.data()));
+    std::vector<const float *> key_ptrs(L.hkv);
+    for (int64_t hk = 0; hk < L.hkv; ++hk) {  // the committed pairs [lo, L'), read from the cache once
+      const int64_t base = (bi * L.hkv + hk) * slots_per;
+      for (int64_t j = scratch + lo; j < used; ++j) {
+        const float *key = k_cache + (base + j) * d;
+        for (int64_t e = 0; e < d; ++e) keys_t[hk][e * padded + j] = key[e];
+        values[hk][j] = v_cache + (base + j) * d;
+      }
+      key_ptrs[hk] = keys_t[hk].data();
+    }
+    std::vector<uint8_t> masks(k * used, 0), next_masks(k * used);
+    for (int64_t r = 0; r < k; ++r) std::fill(masks.begin() + r * used + scratch + lo, masks.begin() + (r + 1) * used, 1);
+    float *s = scores + bi * c;
+    int32_t *table = ints + bi * 3 * c;
+    tree_start_row(root_lp + bi * top, root_ids + bi * top, k, c, s, table, front_scores.data(), front_ids.data(),
+                   tokens.data());
+    for (int64_t r = 0; r < k; ++r) std::copy(root_hidden + bi * L.h, root_hidden + (bi + 1) * L.h, feats.begin() + r * L.h);
+    for (int64_t t = 1; t < depths; ++t) {
+      const float *c_row = cos_t + (bi * (depths - 1) + t - 1) * d, *s_row = sin_t + (bi * (depths - 1) + t - 1) * d;
+      std::vector<const float *> cos(k, c_row), sin(k, s_row);
+      std::vector<const uint8_t *> keep(k);
+      if (!layer_front(L, k, tokens.data(), feats.data(), cos.data(), sin.data(), rows, tree_k.data(), tree_v.data()))
+        return 3;
+      for (int64_t r = 0; r < k; ++r) {  // this depth's rows into their scratch slots
+        const int64_t slot = (t - 1) * k + r;
+        masks[r * used + slot] = 1;
+        keep[r] = masks.data() + r * used;
+        for (int64_t hk = 0; hk < L.hkv; ++hk) {
+          const float *key = tree_k.data() + (r * L.hkv + hk) * d;
+          for (int64_t e = 0; e < d; ++e) keys_t[hk][e * padded + slot] = key[e];
+          float *value = tree_values.data() + (slot * L.hkv + hk) * d;
+          std::copy(tree_v.data() + (r * L.hkv + hk) * d, tree_v.data() + (r * L.hkv + hk + 1) * d, value);
+          values[hk][slot] = value;
+        }
+      }
+      layer_attention(L, k, key_ptrs.data(), values.data(), keep.data(), used, padded, rows, p);
+      layer_back(L, k, feats.data(), top, rows, logprob.data(), ids.data(), hidden.data());
+      if (!tree_grow_row(s, table, c, front_scores.data(), front_ids.data(), logprob.data(), ids.data(), top, k,
+                         static_cast<int32_t>(k + (t - 1) * k * k), cut, next_scores.data(), next_ids.data(),
+                         tokens.data(), parent_rows.data()))
+        return 3;
+      front_scores.swap(next_scores);
+      front_ids.swap(next_ids);
+      for (int64_t r = 0; r < k; ++r) {  // the next depth's rows: their parents' hidden and masks
+        const int64_t parent = parent_rows[r];
+        std::copy(hidden.begin() + parent * L.h, hidden.begin() + (parent + 1) * L.h, feats.begin() + r * L.h);
+        std::copy(masks.begin() + parent * used, masks.begin() + (parent + 1) * used, next_masks.begin() + r * used);
+      }
+      masks.swap(next_masks);
+    }
+  }
+  return 0;
+}
