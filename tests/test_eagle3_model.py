@@ -16,7 +16,7 @@ import pytest
 from mindspore import Tensor
 
 from eagle_ms.draft_weights import draft_to_target, random_draft_state
-from eagle_ms.models.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Expand
+from eagle_ms.models.eagle3 import KERNEL_EXTEND_ROWS, Eagle3Config, Eagle3Draft, Eagle3Expand
 from eagle_ms.draft_weights import check_draft_state, load_draft_state
 from helpers_models import TINY, build_teacher
 
@@ -224,6 +224,31 @@ def test_draft_expand_kernel_rows_do_not_depend_on_the_other_rows(cpu_expand):
         alone = call(b.expand, toks[r:r + 1], feats[r:r + 1], np.full(1, n), slots[r:r + 1], vis[r:r + 1])
         for got, want in zip(alone, together):
             np.testing.assert_array_equal(got[0], want[r])
+
+
+def test_extend_kernel_skips_padding_rows_and_long_extends_run_the_ops(cpu_expand):
+    """An extend with ``last_row`` 4 computes rows 0..4 only: the same bits as a call computing all 8 rows,
+    zeros after them. An extend longer than KERNEL_EXTEND_ROWS (a prompt chunk) runs the MindSpore ops and
+    still equals the float64 reference."""
+    b, cfg = cpu_expand, cpu_expand.cfg
+    rng = np.random.default_rng(22)
+    n = 8
+    toks, feats = rng.integers(0, 64, n), rng.standard_normal((n, 3 * cfg.target_hidden_size))
+    full = call(b.draft, toks, feats, np.arange(n), np.arange(n), causal(0, n))
+    tensors = [Tensor(np.asarray(a, dt)[None]) for a, dt in ((toks, np.int32), (feats, np.float32),
+                                                             (np.arange(n), np.int32), (np.arange(n), np.int32),
+                                                             (causal(0, n), bool))]
+    part = [o.asnumpy()[0] for o in b.draft(*tensors, Tensor(np.array([4], np.int32)))]
+    for got, want in zip(part, full):
+        np.testing.assert_array_equal(got[:5], want[:5])
+        assert not got[5:].any()
+    m = KERNEL_EXTEND_ROWS + 1
+    toks, feats = rng.integers(0, 64, m), rng.standard_normal((m, 3 * cfg.target_hidden_size))
+    values, ids, hidden = call(b.draft, toks, feats, np.arange(m), np.arange(m), causal(0, m))
+    lp, h = b.ref(toks, list(feats), [True] * m, np.arange(m), np.tril(np.ones((m, m), bool)))
+    assert rel_err(hidden, h) < TOL
+    order = np.argsort(-lp, axis=-1, kind="stable")[:, :4]
+    np.testing.assert_array_equal(ids, b.targets[order])
 
 
 def test_draft_expand_kernel_refuses_a_token_outside_the_vocabulary(cpu_expand):

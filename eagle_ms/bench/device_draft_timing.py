@@ -41,7 +41,8 @@ class TreeOnly(nn.Cell):
 
     def construct(self, length):
         store = self.step.draft.root_pair
-        return self.step.draft_tree((store.token, store.logprob, store.target_ids, store.hidden), length)
+        return self.step.draft_tree((store.token, store.logprob, store.target_ids, store.hidden), length,
+                                    self.step.cache_parameters())
 
 
 class TimedDrafter:

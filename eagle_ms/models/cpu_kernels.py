@@ -229,19 +229,45 @@ def tree_finish_op():
                                                      ms.float32))
 
 
-def draft_expand_op(top_k: int):
-    """(ids [B,n] i32, features [B,n,H], cos [B,n,Dh], sin [B,n,Dh], slots [B,n] i32, keep [B,n,W] bool,
-    k_cache [B*Hkv*S,Dh], v_cache [B*Hkv*S,Dh], then ``Eagle3Draft.kernel_weights()``) -> (top-K logprob
-    [B,n,K], target ids [B,n,K] i32, hidden [B,n,H], k [B,n,Hkv,Dh], v [B,n,Hkv,Dh]): one draft call over n
-    rows, the rows' own K/V returned for the cache (draft_kernels.cc ``DraftExpand``)."""
+def draft_front_op():
+    """(ids [B,n] i32, features [B,n,H], cos [B,n,Dh], sin [B,n,Dh], real [B] i32, then
+    ``Eagle3Draft.kernel_weights()``) -> (q [B,n,Hq,Dh], k [B,n,Hkv,Dh], v [B,n,Hkv,Dh]): the draft layer up
+    to attention over the first real[b] rows (draft_kernels.cc ``DraftFront``)."""
+    def shapes(ids, feats, cos, sin, real, *weights):
+        b, n = ids
+        hkv, d = weights[-1][0], cos[-1]
+        return [b, n, weights[3][1] // d - 2 * hkv, d], [b, n, hkv, d], [b, n, hkv, d]
+
+    return _custom("DraftFront", shapes, lambda *_: (_f32(), _f32(), _f32()))
+
+
+def draft_extend_front_op():
+    """(ids [B,n] i32, aux [B,n,3Ht], cos, sin, real [B] i32, fc [3Ht,H], then the weights) -> ``DraftFront``'s
+    outputs and features [B,n,H] (fc of the real rows): the extend call's first kernel (``DraftExtendFront``)."""
+    def shapes(ids, aux, cos, sin, real, fc, *weights):
+        b, n = ids
+        hkv, d = weights[-1][0], cos[-1]
+        return [b, n, weights[3][1] // d - 2 * hkv, d], [b, n, hkv, d], [b, n, hkv, d], [b, n, fc[1]]
+
+    return _custom("DraftExtendFront", shapes, lambda *_: (_f32(), _f32(), _f32(), _f32()))
+
+
+def draft_back_op(top_k: int):
+    """(q [B,n,Hq,Dh], features [B,n,H], keep [B,n,W] bool, real [B] i32, k_cache [B*Hkv*S,Dh], v_cache, then
+    the weights) -> (top-K logprob [B,n,K], target ids [B,n,K] i32, hidden [B,n,H]): the draft layer from
+    attention on, over the cache after the rows' K/V were written (draft_kernels.cc ``DraftBack``)."""
     import mindspore as ms
 
-    def shapes(ids, feats, cos, sin, slots, keep, k_cache, v_cache, *weights):
-        b, n = ids
-        kv = [b, n, weights[-1][0], k_cache[1]]
-        return [b, n, top_k], [b, n, top_k], list(feats), kv, kv
+    def shapes(q, feats, keep, real, k_cache, v_cache, *weights):
+        return [q[0], q[1], top_k], [q[0], q[1], top_k], list(feats)
 
-    return _custom("DraftExpand", shapes, lambda *_: (ms.float32, ms.int32, ms.float32, ms.float32, ms.float32))
+    return _custom("DraftBack", shapes, lambda *_: (ms.float32, ms.int32, ms.float32))
+
+
+def _f32():
+    import mindspore as ms
+
+    return ms.float32
 
 
 def draft_tree_op():

@@ -1,7 +1,8 @@
-// The EAGLE-3 draft layer as one CPU kernel, and the whole EAGLE-2 draft tree (every expansion depth and its
-// bookkeeping) as one CPU kernel: MindSpore ``ops.Custom`` AOT operators declared in
-// eagle_ms/models/cpu_kernels.py, used by eagle_ms/models/eagle3.py (``DraftExpand``, the host path's expand
-// call) and eagle_ms/models/draft_tree_step.py (``DraftTree``, the device step's draft tree).
+// The EAGLE-3 draft layer as two CPU kernels around its cache write, and the whole EAGLE-2 draft tree (every
+// expansion depth and its bookkeeping) as one CPU kernel: MindSpore ``ops.Custom`` AOT operators declared in
+// eagle_ms/models/cpu_kernels.py, used by eagle_ms/models/eagle3.py (``DraftFront`` or ``DraftExtendFront``,
+// the cache write, ``DraftBack``: the extend and expand calls) and eagle_ms/models/draft_tree_step.py
+// (``DraftTree``, the device step's draft tree).
 //
 // Why: a depth of the draft tree launched 16 kernels (five matmuls, two cache scatters, nine fused kernels)
 // and the tree 9 dependent depths of them; on MindSpore's CPU runtime every launch costs a fixed 5-19 us
@@ -9,7 +10,10 @@
 // depth is a function call. The tree's own K/V rows never reach the cache: ``DraftTree`` keeps them in its
 // own buffer (they are scratch, rewritten by the next step's extend), so it writes no Parameter.
 //
-// Same bits on both paths: ``DraftExpand`` (one depth, the host path of eagle_ms/eagle3_drafter.py, whose
+// The layer kernels read the cache only after the rows' own K/V are written (a kernel that read a cache
+// Parameter the same graph writes afterwards made MindSpore snapshot the whole cache: a TensorMove per call).
+//
+// Same bits on both paths: the expand kernels (one depth, the host path of eagle_ms/eagle3_drafter.py, whose
 // tree the reference mode compares with the device tree) and ``DraftTree`` run the same ``DraftLayer`` code
 // on the same inputs: the same matmul (``matmul_rows``: each output a sum over the input in ascending
 // order), the row math of layer_math.h, and attention over the kept slots in slot order wherever a slot's
@@ -218,48 +222,130 @@ constexpr int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * t
 
 }  // namespace
 
-// DraftExpand(ids [B, n] i32, features [B, n, H], cos [B, n, D], sin [B, n, D], slots [B, n] i32,
-//             keep [B, n, W] bool, k_cache [B*Hkv*S, D], v_cache [B*Hkv*S, D], <the 14 weight inputs>)
-//   -> (logprob [B, n, K], target_ids [B, n, K] i32, hidden [B, n, H], k [B, n, Hkv, D], v [B, n, Hkv, D]).
-// One draft call over n rows (the host path's expand): row r writes cache slot slots[r] and attends to the
-// slots keep[r] marks, reading its own and the other rows' K/V from this call and every other slot from the
-// cache (flat rows (b*Hkv + h)*S + slot); k and v are returned for the caller to write at the slots.
-extern "C" int DraftExpand(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                           void *, void *) {
-  constexpr int kIn = 8 + kWeightInputs;
-  if (nparam != kIn + 5) return 1;
-  static const char *const want[] = {"int32", "float32", "float32", "float32", "int32", "bool", "float32", "float32"};
-  if (!dtypes_are(dtypes, want, 8) || std::strcmp(dtypes[kIn + 1], "int32") != 0) return 2;
-  if (ndims[0] != 2 || ndims[5] != 3 || ndims[6] != 2 || ndims[kIn] != 3) return 3;
-  const int64_t b = shapes[0][0], n = shapes[0][1], width = shapes[5][2], d = shapes[6][1];
-  DraftLayer L;
-  if (!read_layer(params, ndims, shapes, dtypes, 8, d, &L)) return 3;
-  const int64_t top = shapes[kIn][2], slots_per = shapes[6][0] / (b * L.hkv);
-  if (n < 1 || top < 1 || top > std::min<int64_t>(L.draft_vocab, 1024) || shapes[6][0] != b * L.hkv * slots_per ||
-      width > slots_per || element_count(ndims[1], shapes[1]) != b * n * L.h ||
-      element_count(ndims[2], shapes[2]) != b * n * d || element_count(ndims[3], shapes[3]) != b * n * d ||
-      element_count(ndims[4], shapes[4]) != b * n || element_count(ndims[5], shapes[5]) != b * n * width ||
-      element_count(ndims[7], shapes[7]) != shapes[6][0] * d)
+namespace {
+
+// Rows computed of batch element bi: real[bi] clamped to [0, n].
+int64_t real_rows(const int32_t *real, int64_t bi, int64_t n) { return std::min<int64_t>(std::max(real[bi], 0), n); }
+
+// The shared body of ``DraftFront`` and ``DraftExtendFront``: inputs 0, 2, 3, 4 = ids [B, n], cos, sin
+// [B, n, D], real [B]; features [B, n, H] in the draft's width; outputs q [B, n, Hq, D], k, v [B, n, Hkv, D] at
+// params[out..out+2], zeros past the real rows.
+int front_rows(const DraftLayer &L, void **params, int *ndims, int64_t **shapes, const float *features, int out) {
+  const int64_t b = shapes[0][0], n = shapes[0][1], d = L.d;
+  if (element_count(ndims[2], shapes[2]) != b * n * d || element_count(ndims[3], shapes[3]) != b * n * d ||
+      element_count(ndims[4], shapes[4]) != b || element_count(ndims[out], shapes[out]) != b * n * L.hq * d)
     return 3;
-  const int32_t *ids = static_cast<const int32_t *>(params[0]), *slots = static_cast<const int32_t *>(params[4]);
-  const float *features = static_cast<const float *>(params[1]);
+  const int32_t *ids = static_cast<const int32_t *>(params[0]), *real = static_cast<const int32_t *>(params[4]);
   const float *cos_t = static_cast<const float *>(params[2]), *sin_t = static_cast<const float *>(params[3]);
-  const uint8_t *keep = static_cast<const uint8_t *>(params[5]);
-  const float *k_cache = static_cast<const float *>(params[6]), *v_cache = static_cast<const float *>(params[7]);
+  float *q = static_cast<float *>(params[out]), *k = static_cast<float *>(params[out + 1]);
+  float *v = static_cast<float *>(params[out + 2]);
+  std::fill(q, q + b * n * L.hq * d, 0.0f);
+  std::fill(k, k + b * n * L.hkv * d, 0.0f);
+  std::fill(v, v + b * n * L.hkv * d, 0.0f);
+  LayerRows rows(L, n);
+  for (int64_t bi = 0; bi < b; ++bi) {
+    const int64_t m = real_rows(real, bi, n);
+    std::vector<const float *> cos(m), sin(m);
+    for (int64_t r = 0; r < m; ++r) {
+      cos[r] = cos_t + (bi * n + r) * d;
+      sin[r] = sin_t + (bi * n + r) * d;
+    }
+    if (!layer_front(L, m, ids + bi * n, features + bi * n * L.h, cos.data(), sin.data(), rows,
+                     k + bi * n * L.hkv * d, v + bi * n * L.hkv * d))
+      return 3;
+    std::copy(rows.q.begin(), rows.q.begin() + m * L.hq * d, q + bi * n * L.hq * d);
+  }
+  return 0;
+}
+
+}  // namespace
+
+// DraftFront(ids [B, n] i32, features [B, n, H], cos [B, n, D], sin [B, n, D], real [B] i32,
+//            <the 14 weight inputs>) -> (q [B, n, Hq, D], k [B, n, Hkv, D], v [B, n, Hkv, D]).
+// The layer up to attention (input norms, q/k/v, RoPE) over the first real[b] rows (zeros for the rest): the
+// expand call's first kernel. The caller writes k, v to the cache, then runs ``DraftBack``.
+extern "C" int DraftFront(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                          void *, void *) {
+  constexpr int kIn = 5 + kWeightInputs;
+  if (nparam != kIn + 3) return 1;
+  static const char *const want[] = {"int32", "float32", "float32", "float32", "int32"};
+  if (!dtypes_are(dtypes, want, 5) || !all_float32(3, dtypes + kIn)) return 2;
+  if (ndims[0] != 2 || ndims[kIn] != 4) return 3;
+  DraftLayer L;
+  if (!read_layer(params, ndims, shapes, dtypes, 5, shapes[kIn][3], &L)) return 3;
+  if (element_count(ndims[1], shapes[1]) != shapes[0][0] * shapes[0][1] * L.h) return 3;
+  return front_rows(L, params, ndims, shapes, static_cast<const float *>(params[1]), kIn);
+}
+
+// DraftExtendFront(ids [B, n] i32, aux [B, n, 3Ht], cos, sin, real [B] i32, fc [3Ht, H], <the 14 weight
+//                  inputs>) -> (q, k, v as DraftFront's, features [B, n, H]): the extend call's first kernel,
+// fc over the teacher features of the real rows, then ``DraftFront``'s math; features (zeros past the real
+// rows) are the residual ``DraftBack`` takes.
+extern "C" int DraftExtendFront(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                                void *, void *) {
+  constexpr int kIn = 6 + kWeightInputs;
+  if (nparam != kIn + 4) return 1;
+  static const char *const want[] = {"int32", "float32", "float32", "float32", "int32", "float32"};
+  if (!dtypes_are(dtypes, want, 6) || !all_float32(4, dtypes + kIn)) return 2;
+  if (ndims[0] != 2 || ndims[1] != 3 || ndims[5] != 2 || ndims[kIn] != 4) return 3;
+  DraftLayer L;
+  if (!read_layer(params, ndims, shapes, dtypes, 6, shapes[kIn][3], &L)) return 3;
+  const int64_t b = shapes[0][0], n = shapes[0][1], aux = shapes[1][2];
+  if (shapes[1][0] != b || shapes[1][1] != n || shapes[5][0] != aux || shapes[5][1] != L.h ||
+      element_count(ndims[kIn + 3], shapes[kIn + 3]) != b * n * L.h)
+    return 3;
+  const int32_t *real = static_cast<const int32_t *>(params[4]);
+  const float *teacher = static_cast<const float *>(params[1]), *fc = static_cast<const float *>(params[5]);
+  float *features = static_cast<float *>(params[kIn + 3]);
+  std::fill(features, features + b * n * L.h, 0.0f);
+  for (int64_t bi = 0; bi < b; ++bi) {
+    matmul_rows(teacher + bi * n * aux, real_rows(real, bi, n), aux, fc, L.h, features + bi * n * L.h);
+  }
+  return front_rows(L, params, ndims, shapes, features, kIn);
+}
+
+// DraftBack(q [B, n, Hq, D], features [B, n, H], keep [B, n, W] bool, real [B] i32, k_cache [B*Hkv*S, D],
+//           v_cache [B*Hkv*S, D], <the 14 weight inputs>) -> (logprob [B, n, K], target_ids [B, n, K] i32,
+//           hidden [B, n, H]).
+// The layer from attention on (attention over the slots keep[r] marks, read from the cache in place after the
+// rows' own K/V were written, then o, the residual norm, SwiGLU, the final norm, lm_head, log-softmax top-K)
+// over the first real[b] rows (zeros for the rest). K comes from the output shape.
+extern "C" int DraftBack(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                         void *, void *) {
+  constexpr int kIn = 6 + kWeightInputs;
+  if (nparam != kIn + 3) return 1;
+  static const char *const want[] = {"float32", "float32", "bool", "int32", "float32", "float32"};
+  if (!dtypes_are(dtypes, want, 6) || std::strcmp(dtypes[kIn], "float32") != 0 ||
+      std::strcmp(dtypes[kIn + 1], "int32") != 0 || std::strcmp(dtypes[kIn + 2], "float32") != 0)
+    return 2;
+  if (ndims[0] != 4 || ndims[2] != 3 || ndims[4] != 2 || ndims[kIn] != 3) return 3;
+  const int64_t b = shapes[0][0], n = shapes[0][1], d = shapes[0][3], width = shapes[2][2];
+  DraftLayer L;
+  if (!read_layer(params, ndims, shapes, dtypes, 6, d, &L)) return 3;
+  const int64_t top = shapes[kIn][2], slots_per = shapes[4][0] / (b * L.hkv);
+  if (shapes[0][2] != L.hq || top < 1 || top > std::min<int64_t>(L.draft_vocab, 1024) ||
+      shapes[4][0] != b * L.hkv * slots_per || shapes[4][1] != d || width > slots_per ||
+      element_count(ndims[1], shapes[1]) != b * n * L.h || element_count(ndims[2], shapes[2]) != b * n * width ||
+      element_count(ndims[3], shapes[3]) != b || element_count(ndims[5], shapes[5]) != shapes[4][0] * d)
+    return 3;
+  const float *q = static_cast<const float *>(params[0]), *features = static_cast<const float *>(params[1]);
+  const uint8_t *keep = static_cast<const uint8_t *>(params[2]);
+  const int32_t *real = static_cast<const int32_t *>(params[3]);
+  const float *k_cache = static_cast<const float *>(params[4]), *v_cache = static_cast<const float *>(params[5]);
   float *logprob = static_cast<float *>(params[kIn]), *hidden = static_cast<float *>(params[kIn + 2]);
   int32_t *out_ids = static_cast<int32_t *>(params[kIn + 1]);
-  float *k_new = static_cast<float *>(params[kIn + 3]), *v_new = static_cast<float *>(params[kIn + 4]);
+  std::fill(logprob, logprob + b * n * top, 0.0f);
+  std::fill(out_ids, out_ids + b * n * top, 0);
+  std::fill(hidden, hidden + b * n * L.h, 0.0f);
   LayerRows rows(L, n);
   std::vector<float> p;
   for (int64_t bi = 0; bi < b; ++bi) {
-    std::vector<const float *> cos(n), sin(n);
-    std::vector<const uint8_t *> masks(n);
+    const int64_t m = real_rows(real, bi, n);
+    if (m == 0) continue;
+    std::vector<const uint8_t *> masks(m);
     int64_t used = 0;  // 1 + the last slot a row keeps
-    for (int64_t r = 0; r < n; ++r) {
-      cos[r] = cos_t + (bi * n + r) * d;
-      sin[r] = sin_t + (bi * n + r) * d;
+    for (int64_t r = 0; r < m; ++r) {
       masks[r] = keep + (bi * n + r) * width;
-      if (slots[bi * n + r] < 0 || slots[bi * n + r] >= width) return 3;
       for (int64_t j = width; j > used; --j) {
         if (masks[r][j - 1]) {
           used = j;
@@ -267,31 +353,22 @@ extern "C" int DraftExpand(int nparam, void **params, int *ndims, int64_t **shap
         }
       }
     }
-    float *kb = k_new + bi * n * L.hkv * d, *vb = v_new + bi * n * L.hkv * d;
-    if (!layer_front(L, n, ids + bi * n, features + bi * n * L.h, cos.data(), sin.data(), rows, kb, vb)) return 3;
     const int64_t padded = round_up(std::max<int64_t>(used, 1), kSlotBlock);
     std::vector<std::vector<float>> keys_t(L.hkv, std::vector<float>(d * padded, 0.0f));
     std::vector<std::vector<const float *>> values(L.hkv, std::vector<const float *>(used));
     std::vector<const float *> key_ptrs(L.hkv);
     for (int64_t hk = 0; hk < L.hkv; ++hk) {
       const int64_t base = (bi * L.hkv + hk) * slots_per;
-      for (int64_t j = 0; j < used; ++j) values[hk][j] = v_cache + (base + j) * d;
-      std::vector<const float *> keys(used);
-      for (int64_t j = 0; j < used; ++j) keys[j] = k_cache + (base + j) * d;
-      for (int64_t r = 0; r < n; ++r) {  // this call's rows: their K/V are not in the cache yet
-        const int64_t slot = slots[bi * n + r];
-        if (slot < used) {
-          keys[slot] = kb + (r * L.hkv + hk) * d;
-          values[hk][slot] = vb + (r * L.hkv + hk) * d;
-        }
-      }
       for (int64_t j = 0; j < used; ++j) {
-        for (int64_t e = 0; e < d; ++e) keys_t[hk][e * padded + j] = keys[j][e];
+        const float *key = k_cache + (base + j) * d;
+        for (int64_t e = 0; e < d; ++e) keys_t[hk][e * padded + j] = key[e];
+        values[hk][j] = v_cache + (base + j) * d;
       }
       key_ptrs[hk] = keys_t[hk].data();
     }
-    layer_attention(L, n, key_ptrs.data(), values.data(), masks.data(), used, padded, rows, p);
-    layer_back(L, n, features + bi * n * L.h, top, rows, logprob + bi * n * top, out_ids + bi * n * top,
+    std::copy(q + bi * n * L.hq * d, q + (bi * n + m) * L.hq * d, rows.q.begin());
+    layer_attention(L, m, key_ptrs.data(), values.data(), masks.data(), used, padded, rows, p);
+    layer_back(L, m, features + bi * n * L.h, top, rows, logprob + bi * n * top, out_ids + bi * n * top,
                hidden + bi * n * L.h);
   }
   return 0;

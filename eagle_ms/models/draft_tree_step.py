@@ -123,9 +123,9 @@ class DraftTreeStep(nn.Cell):
                            for s in slots]                                    # [B*Hkv*k] int32 each
 
     def construct(self, result, accepted_aux, committed_len):
-        logprob, ids, hidden = self.extend(result, accepted_aux, committed_len)
+        logprob, ids, hidden, caches = self.extend(result, accepted_aux, committed_len)
         root = self.root_pair(result, logprob, ids, hidden)
-        return self.draft_tree(root, committed_len + result[:, ACCEPTED_COLUMN] + 1)
+        return self.draft_tree(root, committed_len + result[:, ACCEPTED_COLUMN] + 1, caches)
 
     def visible(self, upto):
         """upto [B, n] -> [B, n, X+W] bool: committed pairs [lo, upto) with lo by ``context_window``."""
@@ -136,11 +136,16 @@ class DraftTreeStep(nn.Cell):
 
     def extend(self, result, accepted_aux, committed_len):
         """Commit pairs L .. L+A in one (D+1)-row extend call (module doc, step 1); its rows' inputs in one
-        kernel (``ExtendInputs``) with the fused CPU kernels."""
+        kernel (``ExtendInputs``) with the fused CPU kernels, which also skip the padding rows (the draft's
+        ``real_rows``)."""
         if self.extend_kernel is not None:
             ids, positions, slots, allowed = self.extend_kernel(result, committed_len, self.extend_settings,
                                                                 self.columns)
-            return self.draft(ids, accepted_aux, positions, slots, allowed)
+            if self.draft.kernel_extends(self.d + 1):
+                real = ops.maximum(result[:, ACCEPTED_COLUMN] + 1, 0)         # [B] rows 0..A are pairs
+                out, caches = self.draft.kernel_layer(True, ids, accepted_aux, positions, slots, allowed, real)
+                return (*out, caches)
+            return (*self.draft(ids, accepted_aux, positions, slots, allowed), self.cache_parameters())
         accepted = result[:, ACCEPTED_COLUMN]                                # [B] A (-1: no step yet)
         emitted = result[:, token_columns(self.d)]                           # [B, D+1]
         b = emitted.shape[0]
@@ -152,7 +157,12 @@ class DraftTreeStep(nn.Cell):
         slots = ops.minimum(ops.where(real, self.scratch + start + rows, rows), self.draft.capacity - 1)
         own = self.columns[None, None, :] == slots[:, :, None]
         allowed = self.visible(ops.where(real, start + rows + 1, 0)) | own  # a real row sees up to itself
-        return self.draft(ids, accepted_aux, positions, slots, allowed)
+        return (*self.draft(ids, accepted_aux, positions, slots, allowed), self.cache_parameters())
+
+    def cache_parameters(self):
+        """The draft cache's (k, v) Parameters [B*Hkv*S, Dh]."""
+        cache = self.draft.midlayer.self_attn.kv_cache
+        return cache.k_cache, cache.v_cache
 
     def root_pair(self, result, logprob, ids, hidden):
         """(token [B], top-K logprob [B,K], target ids [B,K], hidden [B,H]) of the new last pair, kept; the
@@ -172,11 +182,12 @@ class DraftTreeStep(nn.Cell):
         hid = ops.where(pick, ops.gather(hidden, row, 1, batch_dims=1)[:, 0], store.hidden)
         return store.keep(token, lp, tid, hid)
 
-    def draft_tree(self, root, length):
-        """Grow depths 1..D from the root pair at committed length L' [B]; the tree tensors (steps 3-4)."""
+    def draft_tree(self, root, length, caches):
+        """Grow depths 1..D from the root pair at committed length L' [B]; the tree tensors (steps 3-4).
+        ``caches``: the draft cache (k, v) as the extend left it (read by the tree kernel)."""
         token, logprob, target_ids, hidden = root
         if self.tree_kernel is not None and self.grown > 1:
-            return self.growth.finish(self.kernel_tree(logprob, target_ids, hidden, length), length, token)
+            return self.growth.finish(self.kernel_tree(logprob, target_ids, hidden, length, caches), length, token)
         b, k = hidden.shape[0], self.k
         state = self.growth.start(logprob, target_ids)
         feats = ops.broadcast_to(hidden[:, None, :], (b, k, hidden.shape[-1]))  # [B, k, H]
@@ -190,14 +201,13 @@ class DraftTreeStep(nn.Cell):
                 feats, mask = self.frontier_inputs(hid, mask, parent_rows, depth + 1)
         return self.growth.finish(state, length, token)
 
-    def kernel_tree(self, logprob, target_ids, hidden, length):
+    def kernel_tree(self, logprob, target_ids, hidden, length, caches):
         """Depths 1..D-1 in one kernel (``cpu_kernels.DraftTree``) from the root pair's top-K [B, K] and hidden
         [B, H] at L' [B]: the candidate tables (scores [B, C], ints [B, 3, C]) for ``growth.finish``."""
         positions = length.reshape(-1, 1) + self.depth_offsets               # [B, D-1]: L'-1+t
         cos, sin = self.draft.midlayer.self_attn.head_tables(*self.draft.rotary(positions))  # [B, D-1, Dh]
-        cache = self.draft.midlayer.self_attn.kv_cache
         return self.tree_kernel(logprob, target_ids.astype(ms.int32), hidden, length.astype(ms.int32), cos, sin,
-                                cache.k_cache, cache.v_cache, self.tree_settings, self.growth.cut,
+                                *caches, self.tree_settings, self.growth.cut,
                                 self.growth.start_layout, *self.draft.kernel_weights())
 
     def frontier_inputs(self, hidden, mask, parent_rows, depth: int):

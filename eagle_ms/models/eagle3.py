@@ -50,6 +50,11 @@ from eagle_ms.models.attention_layer import CachedAttention
 from eagle_ms.models.layers import DTYPES, MLP, Linear, RMSNorm, Rotary, fused_kernel
 
 
+# Extend calls of at most this many rows (the step's D+1-row extends) run the draft layer kernel; longer ones
+# (prompt chunks) the MindSpore ops, whose matmuls are faster over many rows (docs/teacher_profile.md).
+KERNEL_EXTEND_ROWS = 32
+
+
 def _fail(key: str, value, why: str) -> None:
     fail(key, value, why, kind="draft config")
 
@@ -223,15 +228,31 @@ class Eagle3Draft(nn.Cell):
         self.root_pair = RootPairStore(batch, top_k, h)
         # kernels 'cpu': log-softmax, top-K and the target-id offsets in one kernel (cpu_kernels.LogSoftmaxTopK)
         self.fused_topk = fused_kernel(kernels, lambda: cpu_kernels.log_softmax_top_k_op(top_k))
+        # kernels 'cpu' with attention over the cache in place: the whole layer in one kernel for the extend
+        # calls of at most KERNEL_EXTEND_ROWS rows and for the expand calls (eagle_ms/models/draft_kernels.cc)
+        layer_kernels = self.midlayer.self_attn.window_in_place
+        self.front_kernel = cpu_kernels.draft_front_op() if layer_kernels else None
+        self.extend_front_kernel = cpu_kernels.draft_extend_front_op() if layer_kernels else None
+        self.back_kernel = cpu_kernels.draft_back_op(top_k) if layer_kernels else None
 
-    def construct(self, input_ids, features, position_ids, cache_slots, attn_mask, last_row=None):
+    def construct(self, input_ids, features, position_ids, cache_slots, attn_mask, last_row=None, real_rows=None):
         """extend: features [B,N,3Ht] are teacher aux features (fc applied). Returns (logprob, ids, hidden).
 
         ``last_row`` [B] i32: also keep that row's token and outputs in ``root_pair`` (the drafter's
-        extends pass it; without it nothing is kept).
+        extends pass it; without it nothing is kept). ``real_rows`` [B] i32: the rows before it are the
+        committed pairs, the rest padding (default: ``last_row`` + 1, else all N). With the layer kernel
+        (N <= KERNEL_EXTEND_ROWS) padding rows are not computed: their outputs are zeros (their scratch
+        slots get zero K/V); otherwise every row is computed.
         """
-        feature = self.fc(features.astype(self.fc.weight.dtype))
-        logprob, ids, hidden = self.step(input_ids, feature, position_ids, cache_slots, attn_mask)
+        if self.kernel_extends(input_ids.shape[1]):
+            if real_rows is None:
+                b, n = input_ids.shape
+                real_rows = last_row + 1 if last_row is not None else ops.ones((b,), ms.int32) * n
+            (logprob, ids, hidden), _ = self.kernel_layer(True, input_ids, features, position_ids, cache_slots,
+                                                          attn_mask, real_rows)
+        else:
+            feature = self.fc(features.astype(self.fc.weight.dtype))
+            logprob, ids, hidden = self.step(input_ids, feature, position_ids, cache_slots, attn_mask)
         if last_row is not None:
             self.root_pair.keep_row(input_ids, logprob, ids, hidden, last_row)
         return logprob, ids, hidden
@@ -256,6 +277,29 @@ class Eagle3Draft(nn.Cell):
         normed_in = self.midlayer.embedded_inputs(self.embed_tokens.weight, input_ids, feature)
         h, mlp_out = self.midlayer(normed_in, feature, cos, sin, rows, mask)
         return self.norm.residual(h, mlp_out)
+
+    def kernel_extends(self, rows: int) -> bool:
+        """True when an extend call of ``rows`` rows runs the layer kernels (``kernel_layer``)."""
+        return self.back_kernel is not None and rows <= KERNEL_EXTEND_ROWS
+
+    def kernel_layer(self, extend: bool, input_ids, features, position_ids, cache_slots, attn_mask, real_rows):
+        """One draft call through the layer kernels (the 'cpu' kernels with attention over the cache in place):
+        ``DraftExtendFront`` (extend: features [B,N,3Ht] through fc) or ``DraftFront`` (expand: features
+        [B,N,H]), the rows' K/V written at ``cache_slots``, then ``DraftBack`` over the updated cache. Only the
+        first ``real_rows`` [B] rows are computed (zeros for the rest). Returns ((logprob, ids, hidden) as
+        ``step`` does, the updated caches (k, v) [B*Hkv*S, Dh]: reading them orders a read after the write)."""
+        attn = self.midlayer.self_attn
+        cos, sin = attn.head_tables(*self.rotary(position_ids))             # [B, N, Dh] each
+        weights = self.kernel_weights()
+        ids, real = input_ids.astype(ms.int32), real_rows.astype(ms.int32)
+        if extend:
+            q, k, v, feature = self.extend_front_kernel(ids, features.astype(ms.float32), cos, sin, real,
+                                                        self.fc.weight, *weights)
+        else:
+            feature = features.astype(ms.float32)
+            q, k, v = self.front_kernel(ids, feature, cos, sin, real, *weights)
+        caches = attn.kv_cache.write(k, v, flat_rows(cache_slots, self.config.num_key_value_heads, self.capacity))
+        return self.back_kernel(q, feature, attn_mask, real, *caches, *weights), caches
 
     def kernel_weights(self):
         """The weights as the draft kernels take them (eagle_ms/models/draft_kernels.cc ``kWeightInputs``):
@@ -286,24 +330,18 @@ class Eagle3Draft(nn.Cell):
 class Eagle3Expand(nn.Cell):
     """The ``expand`` graph over the same weights and cache: features are the draft's own hidden [B,N,H].
 
-    With the fused CPU kernels (the draft's ``kernels`` 'cpu', eager attention) the layer is one kernel
-    (``cpu_kernels.DraftExpand``: the code the device tree kernel ``DraftTree`` runs per depth, so the host
-    path's tree and the device tree are the same bits) and the rows' K/V are written to the cache after it."""
+    With the fused CPU kernels (the draft's ``kernels`` 'cpu', eager attention) the layer is two kernels around
+    the cache write (``Eagle3Draft.kernel_layer``: the code the device tree kernel ``DraftTree`` runs per
+    depth, so the host path's tree and the device tree are the same bits)."""
 
     def __init__(self, draft: Eagle3Draft):
         super().__init__(auto_prefix=False)  # never rename the draft's (or the shared teacher's) parameters
         self.draft = draft
-        attn = draft.midlayer.self_attn
-        self.kernel = cpu_kernels.draft_expand_op(draft.top_k) if attn.window_in_place else None
 
     def construct(self, input_ids, hidden, position_ids, cache_slots, attn_mask):
         draft = self.draft
-        if self.kernel is None:
+        if draft.back_kernel is None:
             return draft.step(input_ids, hidden, position_ids, cache_slots, attn_mask)
-        attn = draft.midlayer.self_attn
-        cos, sin = attn.head_tables(*draft.rotary(position_ids))            # [B, n, Dh] each
-        logprob, ids, out, k, v = self.kernel(input_ids.astype(ms.int32), hidden.astype(ms.float32), cos, sin,
-                                              cache_slots.astype(ms.int32), attn_mask, attn.kv_cache.k_cache,
-                                              attn.kv_cache.v_cache, *draft.kernel_weights())
-        attn.kv_cache.write(k, v, flat_rows(cache_slots, draft.config.num_key_value_heads, draft.capacity))
-        return logprob, ids, out
+        b, n = input_ids.shape
+        return draft.kernel_layer(False, input_ids, hidden, position_ids, cache_slots, attn_mask,
+                                  ops.ones((b,), ms.int32) * n)[0]
