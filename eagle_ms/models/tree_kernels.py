@@ -7,7 +7,11 @@ costs a fixed few microseconds, so here each depth is one ``TreeGrow`` kernel an
 tree tensors one ``TreeFinish`` kernel (eagle_ms/models/tree_kernels.cc, built with cpu_kernels.cc).
 The outputs are the composite form's exactly (tests/test_tree_kernels.py runs both on the same grid
 against eagle_ms/drafting.py ``build_tree``). Used by ``DraftTreeStep`` when the draft runs the fused
-CPU kernels (``runtime.kernels``); every other device keeps the composite form.
+CPU kernels (``runtime.kernels``); every other device keeps the composite form. There the draft tree
+kernel (``DraftTree``, eagle_ms/models/draft_kernels.cc) grows every depth itself with the same per-row
+bookkeeping (``tree_math.h``, which ``TreeStart``/``TreeGrow`` also run), so the step calls only ``finish``
+(and ``start`` for a tree of depth 1); ``start``/``grow`` are how tests/test_tree_kernels.py checks that
+bookkeeping on the full grid with crafted ties.
 
 State between calls (B batch, k = top_k, C = k + (D-1) k^2 candidates in creation order):
 ``(scores [B,C] f32, ints [B,3,C] i32 (token, parent candidate id or -1, valid), front_scores [B,k] f32,
