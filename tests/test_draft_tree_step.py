@@ -226,7 +226,7 @@ def setup():
 @pytest.fixture(scope="module")
 def kernel_setup():
     """The same draft with the fused CPU kernels: its tree step drafts every depth in the ``DraftTree`` kernel
-    (and finishes with KernelTreeGrowth), the host path expands with ``DraftExpand``."""
+    (and finishes with KernelTreeGrowth), the host path expands with ``DraftFront`` + ``DraftBack``."""
     return Setup(kernels="cpu")
 
 

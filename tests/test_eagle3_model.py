@@ -5,7 +5,8 @@ vs the reference, for a GQA draft with the full vocabulary and an MHA draft with
 target_hidden_size != hidden_size and a reduced vocabulary (d2t); in-graph top-k == reference top-k;
 one compile per shape; the shared teacher embedding; config validation. Extend and expand also run with
 the fused CPU kernels (eagle_ms/models/cpu_kernels.py) against the same reference: the expand graph is then
-one ``DraftExpand`` kernel (eagle_ms/models/draft_kernels.cc), whose rows are also checked to be bitwise
+two kernels around the cache write (``DraftFront``, ``DraftBack``: eagle_ms/models/draft_kernels.cc; the
+extend ``DraftExtendFront`` + ``DraftBack``), whose rows are also checked to be bitwise
 independent of the other rows and whose bad token ids are refused.
 
 The reference (``np_draft``) is also the second implementation used by test_drafting.py.

@@ -32,7 +32,7 @@ With the fused CPU kernels (``Eagle3Draft.kernels`` 'cpu') step 3 is one kernel,
 (eagle_ms/models/draft_kernels.cc: every depth's layer, its attention over the cache read in place and the
 tree's own K/V kept in the kernel, and ``TreeGrowth.grow``'s bookkeeping), and step 4 is
 ``KernelTreeGrowth.finish`` (eagle_ms/models/tree_kernels.py), with the same outputs: the host path's
-expand calls run the same layer code (``DraftExpand``), so the two trees are the same bits.
+expand calls run the same layer code (``DraftFront``, ``DraftBack``), so the two trees are the same bits.
 Worked example (X = 24, L = 10, A = 2, D = 4): extend rows 0..2 write slots 34, 35, 36 (positions 10..12),
 rows 3, 4 write scratch slots 3, 4; L' = 13; depth-2 row 1 writes scratch slot k + 1 at position 13.
 
