@@ -251,15 +251,7 @@ extern "C" int WindowAttention(int nparam, void **params, int *ndims, int64_t **
   std::vector<float> scratch(d);  // the output of a short block's padding rows
   for (int64_t bi = 0; bi < b; ++bi) {
     const uint8_t *mb = mask + bi * n * w;
-    int64_t used = 0;  // J: 1 + the last slot a row of this batch element keeps
-    for (int64_t i = 0; i < n; ++i) {
-      for (int64_t j = w; j > used; --j) {
-        if (mb[i * w + j - 1]) {
-          used = j;
-          break;
-        }
-      }
-    }
+    const int64_t used = slots_used(mb, n, w);  // J: 1 + the last slot a row of this batch element keeps
     const int64_t padded = (used + kSlotBlock - 1) / kSlotBlock * kSlotBlock;
     keys_t.assign(d * padded, 0.0f);
     p.resize(kRowBlock * padded);
@@ -267,10 +259,7 @@ extern "C" int WindowAttention(int nparam, void **params, int *ndims, int64_t **
     for (int64_t h = 0; h < hkv; ++h) {
       const float *keys = k_cache + (bi * hkv + h) * s * d;
       const float *values = v_cache + (bi * hkv + h) * s * d;
-      for (int64_t j = 0; j < used; ++j) {
-        for (int64_t e = 0; e < d; ++e) keys_t[e * padded + j] = keys[j * d + e];
-        value_rows[j] = values + j * d;
-      }
+      load_slots(keys, values, 0, used, d, padded, keys_t.data(), value_rows.data());
       // row i of this KV head: query head h*G + i/N, position i%N; a short last block repeats its first row
       for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
         const int64_t count_rows = rows - r0 < kRowBlock ? rows - r0 : kRowBlock;

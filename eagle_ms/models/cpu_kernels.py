@@ -233,23 +233,27 @@ def draft_front_op():
     """(ids [B,n] i32, features [B,n,H], cos [B,n,Dh], sin [B,n,Dh], real [B] i32, then
     ``Eagle3Draft.kernel_weights()``) -> (q [B,n,Hq,Dh], k [B,n,Hkv,Dh], v [B,n,Hkv,Dh]): the draft layer up
     to attention over the first real[b] rows (draft_kernels.cc ``DraftFront``)."""
+    import mindspore as ms
+
     def shapes(ids, feats, cos, sin, real, *weights):
         b, n = ids
         hkv, d = weights[-1][0], cos[-1]
         return [b, n, weights[3][1] // d - 2 * hkv, d], [b, n, hkv, d], [b, n, hkv, d]
 
-    return _custom("DraftFront", shapes, lambda *_: (_f32(), _f32(), _f32()))
+    return _custom("DraftFront", shapes, lambda *_: (ms.float32,) * 3)
 
 
 def draft_extend_front_op():
     """(ids [B,n] i32, aux [B,n,3Ht], cos, sin, real [B] i32, fc [3Ht,H], then the weights) -> ``DraftFront``'s
     outputs and features [B,n,H] (fc of the real rows): the extend call's first kernel (``DraftExtendFront``)."""
+    import mindspore as ms
+
     def shapes(ids, aux, cos, sin, real, fc, *weights):
         b, n = ids
         hkv, d = weights[-1][0], cos[-1]
         return [b, n, weights[3][1] // d - 2 * hkv, d], [b, n, hkv, d], [b, n, hkv, d], [b, n, fc[1]]
 
-    return _custom("DraftExtendFront", shapes, lambda *_: (_f32(), _f32(), _f32(), _f32()))
+    return _custom("DraftExtendFront", shapes, lambda *_: (ms.float32,) * 4)
 
 
 def draft_back_op(top_k: int):
@@ -262,12 +266,6 @@ def draft_back_op(top_k: int):
         return [q[0], q[1], top_k], [q[0], q[1], top_k], list(feats)
 
     return _custom("DraftBack", shapes, lambda *_: (ms.float32, ms.int32, ms.float32))
-
-
-def _f32():
-    import mindspore as ms
-
-    return ms.float32
 
 
 def draft_tree_op():

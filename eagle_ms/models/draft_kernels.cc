@@ -125,7 +125,7 @@ struct LayerRows {
   LayerRows(const DraftLayer &L, int64_t n)
       : x(n * 2 * L.h), qkv(n * L.qkv_width()), q(n * L.hq * L.d), attn(n * L.hq * L.d), o(n * L.h), s(n * L.h),
         normed(n * L.h), gate_up(n * 2 * L.inter), act(n * L.inter), mlp(n * L.h), normed2(n * L.h),
-        logits(n * L.draft_vocab), zeros(std::max(L.h, L.qkv_width()), 0.0f) {}
+        logits(n * L.draft_vocab), zeros(L.h, 0.0f) {}
 };
 
 // The layer up to attention for n rows: tokens [n], features [n, H], cos/sin [n][D] (row r's tables at
@@ -219,10 +219,6 @@ void layer_back(const DraftLayer &L, int64_t n, const float *features, int64_t t
 }
 
 constexpr int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
-
-}  // namespace
-
-namespace {
 
 // Rows computed of batch element bi: real[bi] clamped to [0, n].
 int64_t real_rows(const int32_t *real, int64_t bi, int64_t n) { return std::min<int64_t>(std::max(real[bi], 0), n); }
@@ -343,27 +339,15 @@ extern "C" int DraftBack(int nparam, void **params, int *ndims, int64_t **shapes
     const int64_t m = real_rows(real, bi, n);
     if (m == 0) continue;
     std::vector<const uint8_t *> masks(m);
-    int64_t used = 0;  // 1 + the last slot a row keeps
-    for (int64_t r = 0; r < m; ++r) {
-      masks[r] = keep + (bi * n + r) * width;
-      for (int64_t j = width; j > used; --j) {
-        if (masks[r][j - 1]) {
-          used = j;
-          break;
-        }
-      }
-    }
+    for (int64_t r = 0; r < m; ++r) masks[r] = keep + (bi * n + r) * width;
+    const int64_t used = slots_used(keep + bi * n * width, m, width);
     const int64_t padded = round_up(std::max<int64_t>(used, 1), kSlotBlock);
     std::vector<std::vector<float>> keys_t(L.hkv, std::vector<float>(d * padded, 0.0f));
     std::vector<std::vector<const float *>> values(L.hkv, std::vector<const float *>(used));
     std::vector<const float *> key_ptrs(L.hkv);
     for (int64_t hk = 0; hk < L.hkv; ++hk) {
-      const int64_t base = (bi * L.hkv + hk) * slots_per;
-      for (int64_t j = 0; j < used; ++j) {
-        const float *key = k_cache + (base + j) * d;
-        for (int64_t e = 0; e < d; ++e) keys_t[hk][e * padded + j] = key[e];
-        values[hk][j] = v_cache + (base + j) * d;
-      }
+      const int64_t base = (bi * L.hkv + hk) * slots_per * d;
+      load_slots(k_cache + base, v_cache + base, 0, used, d, padded, keys_t[hk].data(), values[hk].data());
       key_ptrs[hk] = keys_t[hk].data();
     }
     std::copy(q + bi * n * L.hq * d, q + (bi * n + m) * L.hq * d, rows.q.begin());
@@ -417,8 +401,8 @@ extern "C" int DraftTree(int nparam, void **params, int *ndims, int64_t **shapes
   const int64_t scratch = settings[0], window = settings[1];
   if (scratch < (depths - 1) * k) return 3;
   LayerRows rows(L, k);
-  std::vector<float> p, feats(k * L.h), hidden(k * L.h), logprob(k * top), tree_k(k * L.hkv * d), tree_v(k * L.hkv * d);
-  std::vector<float> tree_values(std::max<int64_t>(depths - 1, 1) * k * L.hkv * d);  // the tree's V, slot-major
+  std::vector<float> p, feats(k * L.h), hidden(k * L.h), logprob(k * top), tree_k(k * L.hkv * d);
+  std::vector<float> tree_values(std::max<int64_t>(depths - 1, 1) * k * L.hkv * d);  // the tree's V [slot, Hkv, D]
   std::vector<int32_t> ids(k * top), tokens(k), parent_rows(k), front_ids(k), next_ids(k);
   std::vector<float> front_scores(k), next_scores(k);
   for (int64_t bi = 0; bi < b; ++bi) {
@@ -430,12 +414,9 @@ extern "C" int DraftTree(int nparam, void **params, int *ndims, int64_t **shapes
     std::vector<std::vector<const float *>> values(L.hkv, std::vector<const float *>(used, tree_values.data()));
     std::vector<const float *> key_ptrs(L.hkv);
     for (int64_t hk = 0; hk < L.hkv; ++hk) {  // the committed pairs [lo, L'), read from the cache once
-      const int64_t base = (bi * L.hkv + hk) * slots_per;
-      for (int64_t j = scratch + lo; j < used; ++j) {
-        const float *key = k_cache + (base + j) * d;
-        for (int64_t e = 0; e < d; ++e) keys_t[hk][e * padded + j] = key[e];
-        values[hk][j] = v_cache + (base + j) * d;
-      }
+      const int64_t base = (bi * L.hkv + hk) * slots_per * d;
+      load_slots(k_cache + base, v_cache + base, scratch + lo, used, d, padded, keys_t[hk].data(),
+                 values[hk].data());
       key_ptrs[hk] = keys_t[hk].data();
     }
     std::vector<uint8_t> masks(k * used, 0), next_masks(k * used);
@@ -449,7 +430,9 @@ extern "C" int DraftTree(int nparam, void **params, int *ndims, int64_t **shapes
       const float *c_row = cos_t + (bi * (depths - 1) + t - 1) * d, *s_row = sin_t + (bi * (depths - 1) + t - 1) * d;
       std::vector<const float *> cos(k, c_row), sin(k, s_row);
       std::vector<const uint8_t *> keep(k);
-      if (!layer_front(L, k, tokens.data(), feats.data(), cos.data(), sin.data(), rows, tree_k.data(), tree_v.data()))
+      // depth t's rows are scratch slots (t-1)k .. tk-1: their V goes straight to its place in tree_values
+      if (!layer_front(L, k, tokens.data(), feats.data(), cos.data(), sin.data(), rows, tree_k.data(),
+                       tree_values.data() + (t - 1) * k * L.hkv * d))
         return 3;
       for (int64_t r = 0; r < k; ++r) {  // this depth's rows into their scratch slots
         const int64_t slot = (t - 1) * k + r;
@@ -458,9 +441,7 @@ extern "C" int DraftTree(int nparam, void **params, int *ndims, int64_t **shapes
         for (int64_t hk = 0; hk < L.hkv; ++hk) {
           const float *key = tree_k.data() + (r * L.hkv + hk) * d;
           for (int64_t e = 0; e < d; ++e) keys_t[hk][e * padded + slot] = key[e];
-          float *value = tree_values.data() + (slot * L.hkv + hk) * d;
-          std::copy(tree_v.data() + (r * L.hkv + hk) * d, tree_v.data() + (r * L.hkv + hk + 1) * d, value);
-          values[hk][slot] = value;
+          values[hk][slot] = tree_values.data() + (slot * L.hkv + hk) * d;
         }
       }
       layer_attention(L, k, key_ptrs.data(), values.data(), keep.data(), used, padded, rows, p);

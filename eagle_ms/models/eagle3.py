@@ -228,8 +228,8 @@ class Eagle3Draft(nn.Cell):
         self.root_pair = RootPairStore(batch, top_k, h)
         # kernels 'cpu': log-softmax, top-K and the target-id offsets in one kernel (cpu_kernels.LogSoftmaxTopK)
         self.fused_topk = fused_kernel(kernels, lambda: cpu_kernels.log_softmax_top_k_op(top_k))
-        # kernels 'cpu' with attention over the cache in place: the whole layer in one kernel for the extend
-        # calls of at most KERNEL_EXTEND_ROWS rows and for the expand calls (eagle_ms/models/draft_kernels.cc)
+        # kernels 'cpu' with attention over the cache in place: the layer as two kernels around the cache write
+        # for the extend calls of at most KERNEL_EXTEND_ROWS rows and for the expand calls (``kernel_layer``)
         layer_kernels = self.midlayer.self_attn.window_in_place
         self.front_kernel = cpu_kernels.draft_front_op() if layer_kernels else None
         self.extend_front_kernel = cpu_kernels.draft_extend_front_op() if layer_kernels else None
@@ -245,9 +245,8 @@ class Eagle3Draft(nn.Cell):
         slots get zero K/V); otherwise every row is computed.
         """
         if self.kernel_extends(input_ids.shape[1]):
-            if real_rows is None:
-                b, n = input_ids.shape
-                real_rows = last_row + 1 if last_row is not None else ops.ones((b,), ms.int32) * n
+            if real_rows is None and last_row is not None:
+                real_rows = last_row + 1
             (logprob, ids, hidden), _ = self.kernel_layer(True, input_ids, features, position_ids, cache_slots,
                                                           attn_mask, real_rows)
         else:
@@ -282,16 +281,18 @@ class Eagle3Draft(nn.Cell):
         """True when an extend call of ``rows`` rows runs the layer kernels (``kernel_layer``)."""
         return self.back_kernel is not None and rows <= KERNEL_EXTEND_ROWS
 
-    def kernel_layer(self, extend: bool, input_ids, features, position_ids, cache_slots, attn_mask, real_rows):
+    def kernel_layer(self, extend: bool, input_ids, features, position_ids, cache_slots, attn_mask, real_rows=None):
         """One draft call through the layer kernels (the 'cpu' kernels with attention over the cache in place):
         ``DraftExtendFront`` (extend: features [B,N,3Ht] through fc) or ``DraftFront`` (expand: features
         [B,N,H]), the rows' K/V written at ``cache_slots``, then ``DraftBack`` over the updated cache. Only the
-        first ``real_rows`` [B] rows are computed (zeros for the rest). Returns ((logprob, ids, hidden) as
+        first ``real_rows`` [B] rows are computed (zeros for the rest; None: all N). Returns ((logprob, ids, hidden) as
         ``step`` does, the updated caches (k, v) [B*Hkv*S, Dh]: reading them orders a read after the write)."""
         attn = self.midlayer.self_attn
         cos, sin = attn.head_tables(*self.rotary(position_ids))             # [B, N, Dh] each
         weights = self.kernel_weights()
-        ids, real = input_ids.astype(ms.int32), real_rows.astype(ms.int32)
+        b, n = input_ids.shape
+        ids = input_ids.astype(ms.int32)
+        real = ops.ones((b,), ms.int32) * n if real_rows is None else real_rows.astype(ms.int32)
         if extend:
             q, k, v, feature = self.extend_front_kernel(ids, features.astype(ms.float32), cos, sin, real,
                                                         self.fc.weight, *weights)
@@ -342,6 +343,4 @@ class Eagle3Expand(nn.Cell):
         draft = self.draft
         if draft.back_kernel is None:
             return draft.step(input_ids, hidden, position_ids, cache_slots, attn_mask)
-        b, n = input_ids.shape
-        return draft.kernel_layer(False, input_ids, hidden, position_ids, cache_slots, attn_mask,
-                                  ops.ones((b,), ms.int32) * n)[0]
+        return draft.kernel_layer(False, input_ids, hidden, position_ids, cache_slots, attn_mask)[0]

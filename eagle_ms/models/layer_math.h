@@ -195,6 +195,31 @@ void row_probabilities(float *p, const uint8_t *keep, float scale, int64_t used)
   for (j = 0; j < used; ++j) p[j] = p[j] / total;
 }
 
+// 1 + the last slot any of ``rows`` mask rows (``w`` slots each, contiguous; nonzero = kept) keeps; 0 if none.
+int64_t slots_used(const uint8_t *mask, int64_t rows, int64_t w) {
+  int64_t used = 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = w; j > used; --j) {
+      if (mask[i * w + j - 1]) {
+        used = j;
+        break;
+      }
+    }
+  }
+  return used;
+}
+
+// Slots [from, to) of one KV head, whose slot j has the key keys + j*d and the value values + j*d (the flat
+// cache's rows of that head): each key into column j of keys_t [d, padded], each value's row into
+// value_rows[j] (the layout ``block_scores`` and ``block_values`` read).
+void load_slots(const float *keys, const float *values, int64_t from, int64_t to, int64_t d, int64_t padded,
+                float *keys_t, const float **value_rows) {
+  for (int64_t j = from; j < to; ++j) {
+    for (int64_t e = 0; e < d; ++e) keys_t[e * padded + j] = keys[j * d + e];
+    value_rows[j] = values + j * d;
+  }
+}
+
 // For the kRowBlock rows of probabilities p (rows ``padded`` apart): out[r][e] = sum over j in [0, used) (in
 // order) of p[r][j] * values[j][e]; values[j] points at slot j's d values (the cache's row, or a kernel's own
 // copy of a row it has not written yet). A dropped slot's weight 0 adds exactly +0.
