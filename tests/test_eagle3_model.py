@@ -227,22 +227,53 @@ def test_draft_expand_kernel_rows_do_not_depend_on_the_other_rows(cpu_expand):
             np.testing.assert_array_equal(got[0], want[r])
 
 
+def test_draft_kernels_give_the_same_bits_with_and_without_the_helper_thread(cpu_expand, monkeypatch):
+    """The layer kernels split their matmuls' columns over the caller and a helper thread
+    (eagle_ms/models/work_split.h): the outputs are the same bits as with every column on the caller
+    (EAGLE_MS_KERNEL_THREADS=1)."""
+    b, cfg = cpu_expand, cpu_expand.cfg
+    rng = np.random.default_rng(23)
+    n = 6
+    toks, feats = rng.integers(0, 64, n), rng.standard_normal((n, 3 * cfg.target_hidden_size))
+    vis = np.zeros((2, CAPACITY), bool)
+    vis[:, :n] = True
+    vis[[0, 1], [30, 31]] = True
+    outputs = []
+    for threads in ("1", "2"):
+        monkeypatch.setenv("EAGLE_MS_KERNEL_THREADS", threads)
+        extended = call(b.draft, toks, feats, np.arange(n), np.arange(n), causal(0, n))
+        outputs.append((*extended, *call(b.expand, toks[:2], extended[2][:2], np.full(2, n), [30, 31], vis)))
+    for alone, split in zip(*outputs):
+        np.testing.assert_array_equal(alone, split)
+
+
 def test_extend_kernel_skips_padding_rows_and_long_extends_run_the_ops(cpu_expand):
-    """An extend with ``last_row`` 4 computes rows 0..4 only: the same bits as a call computing all 8 rows,
-    zeros after them. An extend longer than KERNEL_EXTEND_ROWS (a prompt chunk) runs the MindSpore ops and
-    still equals the float64 reference."""
+    """An extend with ``last_row`` 4 computes row 4's outputs only (rows 0..4's K/V): the same bits as a call
+    computing all 8 rows, zeros elsewhere; an expand after it sees the same cache as after the full call. An
+    extend longer than KERNEL_EXTEND_ROWS (a prompt chunk) runs the MindSpore ops and still equals the float64
+    reference."""
     b, cfg = cpu_expand, cpu_expand.cfg
     rng = np.random.default_rng(22)
     n = 8
     toks, feats = rng.integers(0, 64, n), rng.standard_normal((n, 3 * cfg.target_hidden_size))
+    vis = np.zeros((1, CAPACITY), bool)
+    vis[0, :5] = vis[0, 30] = True
+
+    def expand_after():  # one row over committed pairs 0..4 and its own slot 30
+        return call(b.expand, toks[:1], np.ones((1, cfg.hidden_size)), [5], [30], vis)
+
     full = call(b.draft, toks, feats, np.arange(n), np.arange(n), causal(0, n))
+    after_full = expand_after()
+    call(b.draft, rng.integers(0, 64, n), feats[::-1], np.arange(n), np.arange(n), causal(0, n))  # other K/V
     tensors = [Tensor(np.asarray(a, dt)[None]) for a, dt in ((toks, np.int32), (feats, np.float32),
                                                              (np.arange(n), np.int32), (np.arange(n), np.int32),
                                                              (causal(0, n), bool))]
     part = [o.asnumpy()[0] for o in b.draft(*tensors, Tensor(np.array([4], np.int32)))]
     for got, want in zip(part, full):
-        np.testing.assert_array_equal(got[:5], want[:5])
-        assert not got[5:].any()
+        np.testing.assert_array_equal(got[4], want[4])
+        assert not got[:4].any() and not got[5:].any()
+    for got, want in zip(expand_after(), after_full):
+        np.testing.assert_array_equal(got, want)
     m = KERNEL_EXTEND_ROWS + 1
     toks, feats = rng.integers(0, 64, m), rng.standard_normal((m, 3 * cfg.target_hidden_size))
     values, ids, hidden = call(b.draft, toks, feats, np.arange(m), np.arange(m), causal(0, m))

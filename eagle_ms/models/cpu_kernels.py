@@ -32,11 +32,12 @@ ENV_KERNEL_DIR = "EAGLE_MS_KERNEL_DIR"
 _HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = tuple(os.path.join(_HERE, name) for name in (
     "cpu_kernels.cc", "tree_kernels.cc", "verify_kernels.cc", "draft_kernels.cc"))
-HEADERS = tuple(os.path.join(_HERE, name) for name in ("kernel_common.h", "layer_math.h", "tree_math.h"))  # included by
-# SOURCES; part of the library digest
+HEADERS = tuple(os.path.join(_HERE, name) for name in (
+    "kernel_common.h", "layer_math.h", "tree_math.h", "work_split.h"))  # included by SOURCES; part of the library digest
 # -fno-trapping-math lets selects vectorise (no FP exception is ever observed); no -ffast-math: the code
 # itself decides the order of every sum
-FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-ffp-contract=off", "-fno-trapping-math")
+FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread", "-ffp-contract=off",
+         "-fno-trapping-math")
 
 _LIBRARY: dict[str, str] = {}  # compiler + source digest -> built library path (this process)
 
@@ -257,12 +258,13 @@ def draft_extend_front_op():
 
 
 def draft_back_op(top_k: int):
-    """(q [B,n,Hq,Dh], features [B,n,H], keep [B,n,W] bool, real [B] i32, k_cache [B*Hkv*S,Dh], v_cache, then
-    the weights) -> (top-K logprob [B,n,K], target ids [B,n,K] i32, hidden [B,n,H]): the draft layer from
-    attention on, over the cache after the rows' K/V were written (draft_kernels.cc ``DraftBack``)."""
+    """(q [B,n,Hq,Dh], features [B,n,H], keep [B,n,W] bool, real [B] i32, first [B] i32, k_cache [B*Hkv*S,Dh],
+    v_cache, then the weights) -> (top-K logprob [B,n,K], target ids [B,n,K] i32, hidden [B,n,H]): the draft
+    layer from attention on for rows [first, real), over the cache after the rows' K/V were written
+    (draft_kernels.cc ``DraftBack``)."""
     import mindspore as ms
 
-    def shapes(q, feats, keep, real, k_cache, v_cache, *weights):
+    def shapes(q, feats, keep, real, first, k_cache, v_cache, *weights):
         return [q[0], q[1], top_k], [q[0], q[1], top_k], list(feats)
 
     return _custom("DraftBack", shapes, lambda *_: (ms.float32, ms.int32, ms.float32))

@@ -35,18 +35,22 @@
 #include "kernel_common.h"
 #include "layer_math.h"
 #include "tree_math.h"
+#include "work_split.h"
 
 namespace {
 
 // y [n, out] = x [n, in] @ w [in, out] (row-major). Each y[r][j] is the sum over i in ascending order of
 // x[r][i] * w[i][j], one rounding per product and per add (the library is built with -ffp-contract=off), so
 // a row's result depends neither on n nor on the other rows. Rows go two at a time over 32-column tiles,
-// so that each weight vector loaded serves both.
+// so that each weight vector loaded serves both; chunks of kChunkTiles tiles are split over the caller and
+// the helper thread (work_split.h), which changes which core computes a column, not how.
 constexpr int64_t kTileVecs = 32 / kVecLanes;
+constexpr int64_t kChunkTiles = 2;
 
-void matmul_rows(const float *x, int64_t n, int64_t in, const float *w, int64_t out, float *y) {
-  int64_t j0 = 0;
-  for (; j0 + 32 <= out; j0 += 32) {
+// Columns [j0, j1) of y, j0 and j1 multiples of 32.
+void matmul_tiles(const float *x, int64_t n, int64_t in, const float *w, int64_t out, float *y, int64_t j0,
+                  int64_t j1) {
+  for (; j0 < j1; j0 += 32) {
     for (int64_t r0 = 0; r0 < n; r0 += 2) {
       const float *x0 = x + r0 * in, *x1 = x + std::min(r0 + 1, n - 1) * in;
       VecF a0[kTileVecs] = {}, a1[kTileVecs] = {};
@@ -65,7 +69,15 @@ void matmul_rows(const float *x, int64_t n, int64_t in, const float *w, int64_t 
       }
     }
   }
-  for (; j0 < out; ++j0) {  // the last out % 32 columns one at a time, in the same order
+}
+
+void matmul_rows(const float *x, int64_t n, int64_t in, const float *w, int64_t out, float *y) {
+  if (n < 1) return;
+  const int64_t tiles = out / 32, chunks = (tiles + kChunkTiles - 1) / kChunkTiles;
+  work_split::split_work(chunks, [&](int64_t c) {
+    matmul_tiles(x, n, in, w, out, y, c * kChunkTiles * 32, std::min(tiles, (c + 1) * kChunkTiles) * 32);
+  });
+  for (int64_t j0 = tiles * 32; j0 < out; ++j0) {  // the last out % 32 columns one at a time, in the same order
     for (int64_t r = 0; r < n; ++r) {
       float sum = 0.0f;
       for (int64_t i = 0; i < in; ++i) sum += x[r * in + i] * w[i * out + j0];
@@ -300,34 +312,36 @@ extern "C" int DraftExtendFront(int nparam, void **params, int *ndims, int64_t *
   return front_rows(L, params, ndims, shapes, features, kIn);
 }
 
-// DraftBack(q [B, n, Hq, D], features [B, n, H], keep [B, n, W] bool, real [B] i32, k_cache [B*Hkv*S, D],
-//           v_cache [B*Hkv*S, D], <the 14 weight inputs>) -> (logprob [B, n, K], target_ids [B, n, K] i32,
-//           hidden [B, n, H]).
+// DraftBack(q [B, n, Hq, D], features [B, n, H], keep [B, n, W] bool, real [B] i32, first [B] i32,
+//           k_cache [B*Hkv*S, D], v_cache [B*Hkv*S, D], <the 14 weight inputs>)
+//   -> (logprob [B, n, K], target_ids [B, n, K] i32, hidden [B, n, H]).
 // The layer from attention on (attention over the slots keep[r] marks, read from the cache in place after the
 // rows' own K/V were written, then o, the residual norm, SwiGLU, the final norm, lm_head, log-softmax top-K)
-// over the first real[b] rows (zeros for the rest). K comes from the output shape.
+// over rows [first[b], real[b]) (zeros for the rest: an extend whose caller keeps only its last row computes
+// that row alone). K comes from the output shape.
 extern "C" int DraftBack(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                          void *, void *) {
-  constexpr int kIn = 6 + kWeightInputs;
+  constexpr int kIn = 7 + kWeightInputs;
   if (nparam != kIn + 3) return 1;
-  static const char *const want[] = {"float32", "float32", "bool", "int32", "float32", "float32"};
-  if (!dtypes_are(dtypes, want, 6) || std::strcmp(dtypes[kIn], "float32") != 0 ||
+  static const char *const want[] = {"float32", "float32", "bool", "int32", "int32", "float32", "float32"};
+  if (!dtypes_are(dtypes, want, 7) || std::strcmp(dtypes[kIn], "float32") != 0 ||
       std::strcmp(dtypes[kIn + 1], "int32") != 0 || std::strcmp(dtypes[kIn + 2], "float32") != 0)
     return 2;
-  if (ndims[0] != 4 || ndims[2] != 3 || ndims[4] != 2 || ndims[kIn] != 3) return 3;
+  if (ndims[0] != 4 || ndims[2] != 3 || ndims[5] != 2 || ndims[kIn] != 3) return 3;
   const int64_t b = shapes[0][0], n = shapes[0][1], d = shapes[0][3], width = shapes[2][2];
   DraftLayer L;
-  if (!read_layer(params, ndims, shapes, dtypes, 6, d, &L)) return 3;
-  const int64_t top = shapes[kIn][2], slots_per = shapes[4][0] / (b * L.hkv);
+  if (!read_layer(params, ndims, shapes, dtypes, 7, d, &L)) return 3;
+  const int64_t top = shapes[kIn][2], slots_per = shapes[5][0] / (b * L.hkv);
   if (shapes[0][2] != L.hq || top < 1 || top > std::min<int64_t>(L.draft_vocab, 1024) ||
-      shapes[4][0] != b * L.hkv * slots_per || shapes[4][1] != d || width > slots_per ||
+      shapes[5][0] != b * L.hkv * slots_per || shapes[5][1] != d || width > slots_per ||
       element_count(ndims[1], shapes[1]) != b * n * L.h || element_count(ndims[2], shapes[2]) != b * n * width ||
-      element_count(ndims[3], shapes[3]) != b || element_count(ndims[5], shapes[5]) != shapes[4][0] * d)
+      element_count(ndims[3], shapes[3]) != b || element_count(ndims[4], shapes[4]) != b ||
+      element_count(ndims[6], shapes[6]) != shapes[5][0] * d)
     return 3;
   const float *q = static_cast<const float *>(params[0]), *features = static_cast<const float *>(params[1]);
   const uint8_t *keep = static_cast<const uint8_t *>(params[2]);
-  const int32_t *real = static_cast<const int32_t *>(params[3]);
-  const float *k_cache = static_cast<const float *>(params[4]), *v_cache = static_cast<const float *>(params[5]);
+  const int32_t *real = static_cast<const int32_t *>(params[3]), *first = static_cast<const int32_t *>(params[4]);
+  const float *k_cache = static_cast<const float *>(params[5]), *v_cache = static_cast<const float *>(params[6]);
   float *logprob = static_cast<float *>(params[kIn]), *hidden = static_cast<float *>(params[kIn + 2]);
   int32_t *out_ids = static_cast<int32_t *>(params[kIn + 1]);
   std::fill(logprob, logprob + b * n * top, 0.0f);
@@ -336,11 +350,12 @@ extern "C" int DraftBack(int nparam, void **params, int *ndims, int64_t **shapes
   LayerRows rows(L, n);
   std::vector<float> p;
   for (int64_t bi = 0; bi < b; ++bi) {
-    const int64_t m = real_rows(real, bi, n);
+    const int64_t end = real_rows(real, bi, n), lo = std::min<int64_t>(std::max(first[bi], 0), end), m = end - lo;
     if (m == 0) continue;
+    const int64_t row0 = bi * n + lo;  // rows [lo, end) of batch element bi
     std::vector<const uint8_t *> masks(m);
-    for (int64_t r = 0; r < m; ++r) masks[r] = keep + (bi * n + r) * width;
-    const int64_t used = slots_used(keep + bi * n * width, m, width);
+    for (int64_t r = 0; r < m; ++r) masks[r] = keep + (row0 + r) * width;
+    const int64_t used = slots_used(keep + row0 * width, m, width);
     const int64_t padded = round_up(std::max<int64_t>(used, 1), kSlotBlock);
     std::vector<std::vector<float>> keys_t(L.hkv, std::vector<float>(d * padded, 0.0f));
     std::vector<std::vector<const float *>> values(L.hkv, std::vector<const float *>(used));
@@ -350,10 +365,10 @@ extern "C" int DraftBack(int nparam, void **params, int *ndims, int64_t **shapes
       load_slots(k_cache + base, v_cache + base, 0, used, d, padded, keys_t[hk].data(), values[hk].data());
       key_ptrs[hk] = keys_t[hk].data();
     }
-    std::copy(q + bi * n * L.hq * d, q + (bi * n + m) * L.hq * d, rows.q.begin());
+    std::copy(q + row0 * L.hq * d, q + (row0 + m) * L.hq * d, rows.q.begin());
     layer_attention(L, m, key_ptrs.data(), values.data(), masks.data(), used, padded, rows, p);
-    layer_back(L, m, features + bi * n * L.h, top, rows, logprob + bi * n * top, out_ids + bi * n * top,
-               hidden + bi * n * L.h);
+    layer_back(L, m, features + row0 * L.h, top, rows, logprob + row0 * top, out_ids + row0 * top,
+               hidden + row0 * L.h);
   }
   return 0;
 }

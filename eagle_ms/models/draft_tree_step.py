@@ -137,13 +137,16 @@ class DraftTreeStep(nn.Cell):
     def extend(self, result, accepted_aux, committed_len):
         """Commit pairs L .. L+A in one (D+1)-row extend call (module doc, step 1); its rows' inputs in one
         kernel (``ExtendInputs``) with the fused CPU kernels, which also skip the padding rows (the draft's
-        ``real_rows``)."""
+        ``real_rows``) and compute the layer's outputs for row A alone (the only row ``root_pair`` keeps)."""
         if self.extend_kernel is not None:
             ids, positions, slots, allowed = self.extend_kernel(result, committed_len, self.extend_settings,
                                                                 self.columns)
             if self.draft.kernel_extends(self.d + 1):
-                real = ops.maximum(result[:, ACCEPTED_COLUMN] + 1, 0)         # [B] rows 0..A are pairs
-                out, caches = self.draft.kernel_layer(True, ids, accepted_aux, positions, slots, allowed, real)
+                accepted = result[:, ACCEPTED_COLUMN]                        # [B] rows 0..A are pairs
+                real = ops.maximum(accepted + 1, 0)
+                # only row A's outputs are kept (root_pair): the other rows only write their K/V
+                out, caches = self.draft.kernel_layer(True, ids, accepted_aux, positions, slots, allowed, real,
+                                                      accepted)
                 return (*out, caches)
             return (*self.draft(ids, accepted_aux, positions, slots, allowed), self.cache_parameters())
         accepted = result[:, ACCEPTED_COLUMN]                                # [B] A (-1: no step yet)

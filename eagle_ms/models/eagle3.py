@@ -241,14 +241,15 @@ class Eagle3Draft(nn.Cell):
         ``last_row`` [B] i32: also keep that row's token and outputs in ``root_pair`` (the drafter's
         extends pass it; without it nothing is kept). ``real_rows`` [B] i32: the rows before it are the
         committed pairs, the rest padding (default: ``last_row`` + 1, else all N). With the layer kernel
-        (N <= KERNEL_EXTEND_ROWS) padding rows are not computed: their outputs are zeros (their scratch
-        slots get zero K/V); otherwise every row is computed.
+        (N <= KERNEL_EXTEND_ROWS) padding rows are not computed (their outputs are zeros, their scratch
+        slots get zero K/V), and with ``last_row`` only that row's outputs are: every real row's K/V reaches
+        the cache, the other rows' outputs are zeros. Otherwise every row is computed.
         """
         if self.kernel_extends(input_ids.shape[1]):
             if real_rows is None and last_row is not None:
                 real_rows = last_row + 1
             (logprob, ids, hidden), _ = self.kernel_layer(True, input_ids, features, position_ids, cache_slots,
-                                                          attn_mask, real_rows)
+                                                          attn_mask, real_rows, last_row)
         else:
             feature = self.fc(features.astype(self.fc.weight.dtype))
             logprob, ids, hidden = self.step(input_ids, feature, position_ids, cache_slots, attn_mask)
@@ -281,12 +282,15 @@ class Eagle3Draft(nn.Cell):
         """True when an extend call of ``rows`` rows runs the layer kernels (``kernel_layer``)."""
         return self.back_kernel is not None and rows <= KERNEL_EXTEND_ROWS
 
-    def kernel_layer(self, extend: bool, input_ids, features, position_ids, cache_slots, attn_mask, real_rows=None):
+    def kernel_layer(self, extend: bool, input_ids, features, position_ids, cache_slots, attn_mask, real_rows=None,
+                     first_row=None):
         """One draft call through the layer kernels (the 'cpu' kernels with attention over the cache in place):
         ``DraftExtendFront`` (extend: features [B,N,3Ht] through fc) or ``DraftFront`` (expand: features
         [B,N,H]), the rows' K/V written at ``cache_slots``, then ``DraftBack`` over the updated cache. Only the
-        first ``real_rows`` [B] rows are computed (zeros for the rest; None: all N). Returns ((logprob, ids, hidden) as
-        ``step`` does, the updated caches (k, v) [B*Hkv*S, Dh]: reading them orders a read after the write)."""
+        first ``real_rows`` [B] rows are computed (zeros for the rest; None: all N), and of them only rows from
+        ``first_row`` [B] on get outputs (None: all; the K/V of every real row reach the cache). Returns
+        ((logprob, ids, hidden) as ``step`` does, the updated caches (k, v) [B*Hkv*S, Dh]: reading them orders
+        a read after the write)."""
         attn = self.midlayer.self_attn
         cos, sin = attn.head_tables(*self.rotary(position_ids))             # [B, N, Dh] each
         weights = self.kernel_weights()
@@ -300,7 +304,8 @@ class Eagle3Draft(nn.Cell):
             feature = features.astype(ms.float32)
             q, k, v = self.front_kernel(ids, feature, cos, sin, real, *weights)
         caches = attn.kv_cache.write(k, v, flat_rows(cache_slots, self.config.num_key_value_heads, self.capacity))
-        return self.back_kernel(q, feature, attn_mask, real, *caches, *weights), caches
+        first = ops.zeros((b,), ms.int32) if first_row is None else first_row.astype(ms.int32)
+        return self.back_kernel(q, feature, attn_mask, real, first, *caches, *weights), caches
 
     def kernel_weights(self):
         """The weights as the draft kernels take them (eagle_ms/models/draft_kernels.cc ``kWeightInputs``):
