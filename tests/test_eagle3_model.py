@@ -227,26 +227,6 @@ def test_draft_expand_kernel_rows_do_not_depend_on_the_other_rows(cpu_expand):
             np.testing.assert_array_equal(got[0], want[r])
 
 
-def test_draft_kernels_give_the_same_bits_with_and_without_the_helper_thread(cpu_expand, monkeypatch):
-    """The layer kernels split their matmuls' columns over the caller and a helper thread
-    (eagle_ms/models/work_split.h): the outputs are the same bits as with every column on the caller
-    (EAGLE_MS_KERNEL_THREADS=1)."""
-    b, cfg = cpu_expand, cpu_expand.cfg
-    rng = np.random.default_rng(23)
-    n = 6
-    toks, feats = rng.integers(0, 64, n), rng.standard_normal((n, 3 * cfg.target_hidden_size))
-    vis = np.zeros((2, CAPACITY), bool)
-    vis[:, :n] = True
-    vis[[0, 1], [30, 31]] = True
-    outputs = []
-    for threads in ("1", "2"):
-        monkeypatch.setenv("EAGLE_MS_KERNEL_THREADS", threads)
-        extended = call(b.draft, toks, feats, np.arange(n), np.arange(n), causal(0, n))
-        outputs.append((*extended, *call(b.expand, toks[:2], extended[2][:2], np.full(2, n), [30, 31], vis)))
-    for alone, split in zip(*outputs):
-        np.testing.assert_array_equal(alone, split)
-
-
 def test_extend_kernel_skips_padding_rows_and_long_extends_run_the_ops(cpu_expand):
     """An extend with ``last_row`` 4 computes row 4's outputs only (rows 0..4's K/V): the same bits as a call
     computing all 8 rows, zeros elsewhere; an expand after it sees the same cache as after the full call. An

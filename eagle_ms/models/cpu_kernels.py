@@ -32,12 +32,11 @@ ENV_KERNEL_DIR = "EAGLE_MS_KERNEL_DIR"
 _HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = tuple(os.path.join(_HERE, name) for name in (
     "cpu_kernels.cc", "tree_kernels.cc", "verify_kernels.cc", "draft_kernels.cc"))
-HEADERS = tuple(os.path.join(_HERE, name) for name in (
-    "kernel_common.h", "layer_math.h", "tree_math.h", "work_split.h"))  # included by SOURCES; part of the library digest
+HEADERS = tuple(os.path.join(_HERE, name) for name in ("kernel_common.h", "layer_math.h", "tree_math.h"))  # included by
+# SOURCES; part of the library digest
 # -fno-trapping-math lets selects vectorise (no FP exception is ever observed); no -ffast-math: the code
 # itself decides the order of every sum
-FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread", "-ffp-contract=off",
-         "-fno-trapping-math")
+FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-ffp-contract=off", "-fno-trapping-math")
 
 _LIBRARY: dict[str, str] = {}  # compiler + source digest -> built library path (this process)
 

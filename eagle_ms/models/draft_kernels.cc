@@ -35,22 +35,18 @@
 #include "kernel_common.h"
 #include "layer_math.h"
 #include "tree_math.h"
-#include "work_split.h"
 
 namespace {
 
 // y [n, out] = x [n, in] @ w [in, out] (row-major). Each y[r][j] is the sum over i in ascending order of
 // x[r][i] * w[i][j], one rounding per product and per add (the library is built with -ffp-contract=off), so
 // a row's result depends neither on n nor on the other rows. Rows go two at a time over 32-column tiles,
-// so that each weight vector loaded serves both; chunks of kChunkTiles tiles are split over the caller and
-// the helper thread (work_split.h), which changes which core computes a column, not how.
+// so that each weight vector loaded serves both.
 constexpr int64_t kTileVecs = 32 / kVecLanes;
-constexpr int64_t kChunkTiles = 2;
 
-// Columns [j0, j1) of y, j0 and j1 multiples of 32.
-void matmul_tiles(const float *x, int64_t n, int64_t in, const float *w, int64_t out, float *y, int64_t j0,
-                  int64_t j1) {
-  for (; j0 < j1; j0 += 32) {
+void matmul_rows(const float *x, int64_t n, int64_t in, const float *w, int64_t out, float *y) {
+  int64_t j0 = 0;
+  for (; j0 + 32 <= out; j0 += 32) {
     for (int64_t r0 = 0; r0 < n; r0 += 2) {
       const float *x0 = x + r0 * in, *x1 = x + std::min(r0 + 1, n - 1) * in;
       VecF a0[kTileVecs] = {}, a1[kTileVecs] = {};
@@ -69,15 +65,7 @@ void matmul_tiles(const float *x, int64_t n, int64_t in, const float *w, int64_t
       }
     }
   }
-}
-
-void matmul_rows(const float *x, int64_t n, int64_t in, const float *w, int64_t out, float *y) {
-  if (n < 1) return;
-  const int64_t tiles = out / 32, chunks = (tiles + kChunkTiles - 1) / kChunkTiles;
-  work_split::split_work(chunks, [&](int64_t c) {
-    matmul_tiles(x, n, in, w, out, y, c * kChunkTiles * 32, std::min(tiles, (c + 1) * kChunkTiles) * 32);
-  });
-  for (int64_t j0 = tiles * 32; j0 < out; ++j0) {  // the last out % 32 columns one at a time, in the same order
+  for (; j0 < out; ++j0) {  // the last out % 32 columns one at a time, in the same order
     for (int64_t r = 0; r < n; ++r) {
       float sum = 0.0f;
       for (int64_t i = 0; i < in; ++i) sum += x[r * in + i] * w[i * out + j0];

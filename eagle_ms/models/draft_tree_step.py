@@ -49,6 +49,7 @@ from mindspore import Tensor, nn, ops
 
 from eagle_ms.models import cpu_kernels
 from eagle_ms.models.eagle3 import Eagle3Draft
+from eagle_ms.models.fixed_call import FixedSignatureCall
 from eagle_ms.models.kv_cache import flat_rows
 from eagle_ms.models.layers import fused_kernel
 from eagle_ms.models.tree_graph import TreeGrowth
@@ -72,7 +73,7 @@ def token_columns(max_depth: int) -> slice:
     return slice(1, max_depth + 2)
 
 
-class DraftTreeStep(nn.Cell):
+class DraftTreeStep(FixedSignatureCall, nn.Cell):
     """The draft graph of one speculative step (module doc). ``params``: eagle_ms/drafting.py TreeParams
     (any object with budget, max_depth, top_k, min_path_prob). Shares ``draft``'s weights and cache.
 

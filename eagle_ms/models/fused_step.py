@@ -20,13 +20,14 @@ from __future__ import annotations
 from mindspore import nn
 
 from eagle_ms.models.draft_tree_step import ACCEPTED_COLUMN, OUTPUT_NAMES
+from eagle_ms.models.fixed_call import FixedSignatureCall
 
 # the DraftTreeStep outputs the verify graph takes, by position
 TOKENS, POSITION_IDS, TREE_MASK, PATHS, PATH_LENGTHS = (
     OUTPUT_NAMES.index(name) for name in ("tokens", "position_ids", "tree_mask", "paths", "path_lengths"))
 
 
-class FusedTreeStep(nn.Cell):
+class FusedTreeStep(FixedSignatureCall, nn.Cell):
     """DraftTreeStep then VerifyStep in one graph (module doc). ``with_tree``: also output the tree tensors
     (reference mode reads them back to check them against the host path)."""
 

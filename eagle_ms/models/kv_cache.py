@@ -24,6 +24,8 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
+from eagle_ms.models.fixed_call import FixedSignatureCall
+
 
 def flat_rows(slots, num_kv_heads: int, capacity: int):
     """slots [B, N] int32 (in-graph) -> flat cache rows [B * N * Hkv] int32, order (b, n, h): the order of
@@ -97,7 +99,7 @@ class KVCache(nn.Cell):
         return k_src[0, 0]
 
 
-class CacheMover(nn.Cell):
+class CacheMover(FixedSignatureCall, nn.Cell):
     """Graph that copies slots ``src [B, K] -> dst [B, K]`` in every layer's cache (commit by path).
 
     K is fixed (max_depth + 1) so it compiles once; unused entries copy a slot onto itself.

@@ -29,6 +29,7 @@ from mindspore import Tensor, nn, ops
 
 from eagle_ms.config import GREEDY, SamplingParams
 from eagle_ms.models import cpu_kernels
+from eagle_ms.models.fixed_call import FixedSignatureCall
 from eagle_ms.models.kv_cache import flat_rows
 from eagle_ms.models.layers import fused_kernel
 from eagle_ms.models.sampler import Sampler
@@ -166,7 +167,7 @@ class VerifyStep(TeacherStep):
         return result, ops.gather(aux.reshape(b * n, -1), flat, 0).reshape(b, self.max_depth + 1, -1)
 
 
-class DecodeStep(TeacherStep):
+class DecodeStep(FixedSignatureCall, TeacherStep):
     """A teacher-only step's graph (the root alone): the one-token decode at slot and position L.
 
     construct(tokens [B,1] i32, committed_len [B] i32)
