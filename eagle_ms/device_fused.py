@@ -43,8 +43,9 @@ class FusedTreeSteps:
         and compiled on its first call."""
         params = self.device_tree.params if params is None else params
         if (window, params) not in self.graphs:
-            self.graphs[window, params] = FusedTreeStep(self.device_tree.graph(window, params),
-                                                        self.verifier.steps[window], with_tree=self.verifier.reference)
+            verify = self.verifier.verify_step(window, params.budget + 1)
+            self.graphs[window, params] = FusedTreeStep(self.device_tree.graph(window, params), verify,
+                                                        with_tree=self.verifier.reference)
         return self.graphs[window, params]
 
     def call(self, result, accepted_aux, committed_len: int, accepted: int,

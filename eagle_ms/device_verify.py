@@ -90,16 +90,25 @@ class DeviceVerifier:
         self.reference = reference
         self.sampling = sampling
         self.aux_width = 3 * runner.model.config.hidden_size
-        windows = runner.attention_windows
-        self.steps = {w: VerifyStep(runner.model, max_depth, w, reference, sampling) for w in windows}
-        self.decode_steps = {w: DecodeStep(runner.model, max_depth, w, reference, sampling) for w in windows}
+        self.steps: dict[tuple[int, int], VerifyStep] = {}  # (window, N) -> graph, built on first use
+        self.decode_steps = {w: DecodeStep(runner.model, max_depth, w, reference, sampling)
+                             for w in runner.attention_windows}
+
+    def verify_step(self, window: int, nodes: int) -> VerifyStep:
+        """The verify graph of attention window ``window`` for trees of ``nodes`` = N rows (one graph per
+        (window, N): each is compiled once and called without the per-call compile check,
+        eagle_ms/models/fixed_call.py)."""
+        key = (window, nodes)
+        if key not in self.steps:
+            self.steps[key] = VerifyStep(self.runner.model, self.max_depth, window, self.reference, self.sampling)
+        return self.steps[key]
 
     def _call(self, tree: TreeInputs):
         """(result, accepted_aux[, argmax]) of the window's graph; nothing is read back here."""
         width = self.runner.attention_width(tree.committed_len + tree.num_nodes)
         committed = Tensor(np.array([tree.committed_len], np.int32))
-        return self.steps[width](tree.tokens, tree.position_ids, tree.tree_mask, tree.paths,
-                                 tree.path_lengths, committed)
+        return self.verify_step(width, tree.num_nodes)(tree.tokens, tree.position_ids, tree.tree_mask, tree.paths,
+                                                       tree.path_lengths, committed)
 
     def verify(self, tree: TreeInputs | TreeTensors) -> DeviceStep:
         """One verify step of ``tree`` (tensorised at the runner's committed length L); commits A + 1 slots.
@@ -151,7 +160,7 @@ class DeviceVerifier:
 
         Each call ends exactly at its window (an all-padding tree, or a decode at slot window - 1); it
         writes K/V beyond the committed region only (identity commit rows)."""
-        for width in self.steps:
+        for width in self.runner.attention_windows:
             for n in sorted(set(query_sizes)):
                 if n == 1:
                     last_slot = Tensor(np.array([width - 1], np.int32))

@@ -85,7 +85,7 @@ def test_fused_step_emits_the_teacher_only_continuation(parts, warm_steps):
     result, aux, prev, length = state_after_steps(verifier, device_tree, PROMPT, warm_steps)
     assert prev < length <= PROMPT.size + 1 + warm_steps * (DEPTH + 1)
     window = verifier.runner.attention_width(length + BUDGET + 1)
-    fused = FusedTreeStep(device_tree.graph(window), verifier.steps[window])
+    fused = FusedTreeStep(device_tree.graph(window), verifier.verify_step(window, BUDGET + 1))
     (step,) = unpack_result(fused(result, aux, Tensor(np.array([prev], np.int32)))[0].asnumpy())
     done = length - PROMPT.size + 1  # answer tokens so far: the committed ones and the root
     assert list(step.tokens) == baseline[done:done + step.accepted_len + 1]
@@ -96,7 +96,7 @@ def test_fused_graph_needs_one_window_for_both_halves(parts):
     verifier, device_tree, _ = parts
     small, large = verifier.runner.attention_windows
     with pytest.raises(ValueError, match=f"draft window {small} != verify window {large}"):
-        FusedTreeStep(device_tree.graph(small), verifier.steps[large])
+        FusedTreeStep(device_tree.graph(small), verifier.verify_step(large, BUDGET + 1))
 
 
 def test_timing_arms_agree_and_are_timed(parts):

@@ -46,7 +46,8 @@ def device():
 
 
 def compile_counts(verifier) -> dict:
-    """Compiled graphs per (kind, window) of a DeviceVerifier: its VerifySteps and DecodeSteps."""
+    """Compiled graphs per (kind, key) of a DeviceVerifier: its VerifySteps (key (window, N)) and DecodeSteps
+    (key window)."""
     cells = [("verify", verifier.steps), ("decode", verifier.decode_steps)]
     return {(kind, w): len(cell.compile_cache) for kind, steps in cells for w, cell in steps.items()}
 

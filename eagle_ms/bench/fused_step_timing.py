@@ -61,7 +61,7 @@ def fused_vs_two_calls(verifier: DeviceVerifier, device_tree: DeviceTreeDrafter,
         raise ValueError(f"context {length} + {nodes} tree nodes do not fit the teacher cache "
                          f"({verifier.runner.capacity}): use a shorter prompt or fewer warm steps")
     verify_width = verifier.runner.attention_width(length + nodes)
-    draft, verify = device_tree.graph(verify_width), verifier.steps[verify_width]  # one window, as the product
+    draft, verify = device_tree.graph(verify_width), verifier.verify_step(verify_width, nodes)  # as the product
     fused = FusedTreeStep(draft, verify)
     prev_t = Tensor(np.array([prev], np.int32))
 

@@ -7,9 +7,9 @@ host work costs about 0.5 ms per decode call and 0.8 ms per fused draft + verify
 'increment' once that phase is compiled (``Cell._predict``, the path MindFormers' incremental inference
 uses): the call goes straight to the compiled graph.
 
-The per-step graphs that are built for one set of shapes (the decode step, the draft tree step, the fused
-step, the cache mover) take this mixin; the verify step does not (one VerifyStep serves every tree size N
-of its window). The mixin keeps the check the fast path drops: the first call fixes the signature (each
+The per-step graphs are built for one set of shapes (the decode and verify steps, one per attention window
+and, for the verify, per tree size N; the draft tree step; the fused step; the cache mover) and take this
+mixin. It keeps the check the fast path drops: the first call fixes the signature (each
 argument's shape and dtype) and compiles; a later call with another signature raises ValueError naming the
 argument instead of running a graph compiled for other shapes.
 """

@@ -116,7 +116,7 @@ class TeacherStep(nn.Cell):
         self.choose = Sampler(sampling, teacher.config.vocab_size)
 
 
-class VerifyStep(TeacherStep):
+class VerifyStep(FixedSignatureCall, TeacherStep):
     """One speculative step's verify graph over a shared ``PanguForCausalLM`` (its caches, in place).
 
     construct(tokens [B,N] i32, position_ids [B,N] i32, tree_mask [B,N,N] bool, paths [B,P,D+1] i32,
