@@ -317,26 +317,53 @@ def load_draft_checkpoint(path: str, teacher: ModelConfig | None = None) -> tupl
 
 
 def with_score_temperature(state: dict, temperature: float) -> dict:
-    """``state`` with ``lm_head.weight`` divided by ``temperature`` T (float64, then float32): the draft's
-    log-probs become log_softmax(logits / T), the scores that rank the draft tree
-    (``speculative.score_temperature``). Each row's top-k is unchanged; T < 1 makes likely tokens' log-probs
-    nearer 0 and unlikely ones' more negative, so the budget goes to deeper chains. The input is not
-    modified; T = 1 returns it as is."""
+    """``state`` with the final norm's weight ``norm.weight`` divided by ``temperature`` T (float64, then
+    float32): the final norm feeds only the lm_head, so the draft's log-probs become log_softmax(logits / T),
+    the scores that rank the draft tree (``speculative.score_temperature``). Each row's top-k is unchanged;
+    T < 1 makes likely tokens' log-probs nearer 0 and unlikely ones' more negative, so the budget goes to
+    deeper chains. The norm, not the lm_head, takes T so that the weight matrices stay as stored (float16
+    for the shipped draft, which the layer kernels then read as float16: ``Eagle3Draft``
+    ``kernel_weight_dtype``). The input is not modified; T = 1 returns it as is."""
     if temperature == 1.0:
         return state
     out = dict(state)
-    out["lm_head.weight"] = (np.asarray(state["lm_head.weight"], np.float64) / temperature).astype(np.float32)
+    out["norm.weight"] = (np.asarray(state["norm.weight"], np.float64) / temperature).astype(np.float32)
     return out
+
+
+def matrix_keys(cfg: Eagle3Config) -> list[str]:
+    """The checkpoint keys of the weight matrices (every 2-D float weight: fc, q/k/v/o, gate/up/down,
+    lm_head), the ones the layer kernels may read as float16."""
+    return [key for key, shape in expected_draft_keys(cfg).items() if len(shape) == 2]
+
+
+def not_float16(state: dict, cfg: Eagle3Config) -> list[str]:
+    """The weight-matrix keys of ``state`` holding a value that float16 does not represent exactly (empty:
+    the layer kernels can read every matrix as float16 with the same results)."""
+    def exact(value) -> bool:
+        value = np.asarray(value, np.float32)
+        with np.errstate(over="ignore"):
+            return np.array_equal(value.astype(np.float16).astype(np.float32), value, equal_nan=True)
+    return [key for key in matrix_keys(cfg) if not exact(state[key])]
 
 
 def load_draft_state(draft, state: dict, embed: np.ndarray | None = None) -> None:
     """Set an ``Eagle3Draft``'s weights and d2t from a (checked) state; ``embed`` [V, H] fills an owned
     (non-shared) embedding and must be None for a draft that shares the teacher's."""
     state = check_draft_state(state, draft.config, "<state>")
+    if draft.half_matrices is not None:
+        inexact = not_float16(state, draft.config)
+        if inexact:  # before anything is written
+            raise CheckpointError(f"draft weights {', '.join(inexact)} hold values that float16 does not represent "
+                                  f"exactly, but this draft's layer kernels read float16 copies "
+                                  f"(kernel_weight_dtype 'float16'): build it with 'float32'")
     slots = _weight_slots(draft)
     for param, value in params_from_state(slots, lambda key: state[key]):
         param.set_data(Tensor(value, dtype=param.dtype))
     draft.d2t.set_data(Tensor(state["d2t"].astype(np.int32)))
+    if draft.half_matrices is not None:
+        for half, full in zip(draft.half_matrices.matrices(), draft.float_matrices()):
+            half.set_data(Tensor(full.asnumpy().astype(np.float16)))
     draft.t2d = state["t2d"].astype(bool)  # host-side only (training / analysis); not used by the graph
     if draft.shares_embedding:
         if embed is not None:

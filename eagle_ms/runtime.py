@@ -164,9 +164,12 @@ def eagle3_drafter_from_state(runner, draft_cfg, state: dict, budget: int, max_d
     Shares the teacher's embedding Parameter (the draft's hidden size must equal the teacher's), sizes
     the draft cache as scratch + teacher capacity and uses the runner's attention windows. ``kernels``:
     the teacher's when None. ``score_temperature`` T: the drafter's log-probs are those of logits / T
-    (``draft_weights.with_score_temperature``).
+    (``draft_weights.with_score_temperature``). The layer kernels read the weight matrices as float16 when
+    every one of them is exactly float16 (the same results, half the bytes: ``Eagle3Draft``
+    ``kernel_weight_dtype``), else as float32.
     """
-    from eagle_ms.draft_weights import check_draft_matches_teacher, load_draft_state, with_score_temperature
+    from eagle_ms.draft_weights import (check_draft_matches_teacher, load_draft_state, not_float16,
+                                        with_score_temperature)
     from eagle_ms.eagle3_drafter import Eagle3Drafter, scratch_size
     from eagle_ms.models.eagle3 import Eagle3Draft
 
@@ -175,11 +178,13 @@ def eagle3_drafter_from_state(runner, draft_cfg, state: dict, budget: int, max_d
     params = TreeParams(budget, max_depth, top_k, min_path_prob)
     params.check_fits(draft_cfg.draft_vocab_size, runner.capacity)
     capacity = runner.capacity + scratch_size(params, runner.prefill_chunk)
+    state = with_score_temperature(state, score_temperature)
     draft = Eagle3Draft(draft_cfg, 1, capacity, top_k, backend, teacher.compute_dtype,
                         embed=runner.model.model.embed_tokens.weight,
-                        kernels=runner.model.kernels if kernels is None else kernels)
+                        kernels=runner.model.kernels if kernels is None else kernels,
+                        kernel_weight_dtype="float32" if not_float16(state, draft_cfg) else "float16")
     draft.set_train(False)
-    load_draft_state(draft, with_score_temperature(state, score_temperature))
+    load_draft_state(draft, state)
     return Eagle3Drafter(draft, params, runner.capacity, runner.prefill_chunk, context_window,
                          attention_windows=runner.attention_windows)
 

@@ -155,6 +155,25 @@ def test_shallow_trees_on_the_shipped_pair(session):
     assert kinds == {10, spec.budget}
 
 
+def test_shipped_draft_kernels_read_float16_copies(session):
+    """The shipped draft is stored in float16, so its layer kernels read float16 copies of its matrices (the
+    same values as the float32 Parameters), and the score temperature T sits in the final norm's weight
+    (stored / T), not in the lm_head; a draft state with values float16 does not hold gets float32 kernels."""
+    spec = session.cfg.speculative
+    draft = session.eagle3.draft
+    _, stored = load_draft_checkpoint(spec.draft_path, session.cfg.model)
+    assert draft.half_matrices is not None and spec.score_temperature != 1.0
+    for half, full in zip(draft.half_matrices.matrices(), draft.float_matrices()):
+        np.testing.assert_array_equal(half.asnumpy().astype(np.float32), full.asnumpy())
+    np.testing.assert_array_equal(draft.lm_head.weight.asnumpy(), stored["lm_head.weight"].T)
+    np.testing.assert_array_equal(draft.norm.weight.asnumpy(), (stored["norm.weight"].astype(np.float64)
+                                                                 / spec.score_temperature).astype(np.float32))
+    random_state = random_draft_state(draft.config, seed=1)
+    random_state["d2t"], random_state["t2d"] = stored["d2t"], stored["t2d"]
+    plain = eagle3_drafter_from_state(session.runner, draft.config, random_state, 4, 2, 2)
+    assert plain.draft.half_matrices is None
+
+
 def test_shipped_draft_acceptance_far_above_random_draft(session):
     spec = session.cfg.speculative
     draft_cfg, shipped_state = load_draft_checkpoint(spec.draft_path, session.cfg.model)

@@ -23,7 +23,7 @@ from mindspore import Tensor, nn
 
 from eagle_ms.device_drafter import DeviceTree, DeviceTreeDrafter, HostTree, no_step_result
 from eagle_ms.draft_tree_check import DraftTreeMismatch, check_device_tree, compare_trees, host_tree
-from eagle_ms.draft_weights import check_draft_state, load_draft_state, random_draft_state
+from eagle_ms.draft_weights import check_draft_state, load_draft_state, matrix_keys, random_draft_state
 from eagle_ms.drafting import TreeParams, build_tree
 from eagle_ms.eagle3_drafter import Eagle3Drafter, scratch_size
 from eagle_ms.models.draft_tree_step import DraftTreeStep, result_width, token_columns
@@ -169,8 +169,12 @@ CASES = {  # name: (TreeParams, context_window, attention windows); a covering s
 CAP = C + max(scratch_size(p, CHUNK) for p, _, _ in CASES.values())
 
 
-def draft_state(tied: bool):
+def draft_state(tied: bool, half: bool = False):
+    """The drafts' random state; ``tied``: lm_head rows in identical pairs; ``half``: every weight matrix
+    rounded to float16 (values float16 holds exactly, as the shipped draft's)."""
     state = check_draft_state(random_draft_state(CFG, seed=5, std=0.35), CFG)
+    if half:
+        state = {k: v.astype(np.float16).astype(np.float32) if k in matrix_keys(CFG) else v for k, v in state.items()}
     if tied:  # lm_head rows in identical pairs: every log-prob ties exactly with its twin's
         head = state["lm_head.weight"].copy()
         head[1::2] = head[0::2]
@@ -183,17 +187,19 @@ class Setup:
     path. Sharing the Cell keeps the compiled graphs few; the host path still starts from the state before
     the device step, so the device's extend is checked against the host's (tree and cache bytes)."""
 
-    def __init__(self, kernels="composite"):
+    def __init__(self, kernels="composite", kernel_weight_dtype="float32"):
         self.embed = np.random.default_rng(6).standard_normal((CFG.vocab_size, CFG.hidden_size)).astype(np.float32)
-        self.draft = Eagle3Draft(CFG, 1, CAP, TOP_K, kernels=kernels)
+        self.draft = Eagle3Draft(CFG, 1, CAP, TOP_K, kernels=kernels, kernel_weight_dtype=kernel_weight_dtype)
+        self.half = kernel_weight_dtype == "float16"
         self.cache = self.draft.midlayer.self_attn.kv_cache
         self.state_params = [self.cache.k_cache, self.cache.v_cache] + [
             p for _, p in self.draft.root_pair.parameters_and_names()]
         self.devices = {}
         self.load(tied=False)
 
-    def load(self, tied):
-        load_draft_state(self.draft, draft_state(tied), embed=self.embed)
+    def load(self, tied, half=None):
+        """The state ``draft_state(tied, half)``; half None: rounded to float16 when the kernels read float16."""
+        load_draft_state(self.draft, draft_state(tied, self.half if half is None else half), embed=self.embed)
 
     def drafters(self, case):
         params, window, windows = CASES[case]
@@ -330,6 +336,26 @@ def test_device_tree_with_the_cpu_kernels_equals_host_path(kernel_setup, case):
             kernel_setup.load(tied=False)
         assert sum(sibling_ties(t) for t in trees) > len(trees), "the ties did not reach the trees"
     assert all(isinstance(g.growth, KernelTreeGrowth) and g.tree_kernel is not None for g in device.steps.values())
+
+
+def test_float16_weight_copies_draft_the_float32_kernels_trees(kernel_setup):
+    """``DraftTree`` and the host path's expand kernels reading float16 copies of matrices float16 holds
+    exactly (``kernel_weight_dtype``, as for the shipped draft): the device tree equals the host path's at every
+    step, and the trees are the float32 kernels' on the same weights, every field and score bit for bit."""
+    case = "M32-D12-k2-draft_window5"
+    events = events_for(CASES[case][0].max_depth)
+    half = Setup(kernels="cpu", kernel_weight_dtype="float16")
+    half_trees = drive(half, *half.drafters(case), seed=91, events=events)
+    kernel_setup.load(tied=False, half=True)
+    try:
+        full_trees = drive(kernel_setup, *kernel_setup.drafters(case), seed=91, events=events)
+    finally:
+        kernel_setup.load(tied=False)
+    assert len(half_trees) == len(full_trees) == len(events)
+    for got, want in zip(half_trees, full_trees):
+        np.testing.assert_array_equal(got.scores, want.scores)
+        for field in dataclasses.fields(want.tensors):
+            np.testing.assert_array_equal(getattr(got.tensors, field.name), getattr(want.tensors, field.name))
 
 
 @pytest.mark.parametrize("kernels", ["composite", "cpu"])

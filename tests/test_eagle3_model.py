@@ -7,18 +7,22 @@ one compile per shape; the shared teacher embedding; config validation. Extend a
 the fused CPU kernels (eagle_ms/models/cpu_kernels.py) against the same reference: the expand graph is then
 two kernels around the cache write (``DraftFront``, ``DraftBack``: eagle_ms/models/draft_kernels.cc; the
 extend ``DraftExtendFront`` + ``DraftBack``), whose rows are also checked to be bitwise
-independent of the other rows and whose bad token ids are refused.
+independent of the other rows and whose bad token ids are refused; with float16 copies of weight matrices
+that are exactly float16 (``kernel_weight_dtype``) the kernels give the same bits as with the float32 ones,
+and a draft built for float16 copies refuses weights float16 does not hold exactly, before writing any.
 
 The reference (``np_draft``) is also the second implementation used by test_drafting.py.
 """
 import numpy as np
 import pytest
 
+import mindspore as ms
 from mindspore import Tensor
 
 from eagle_ms.draft_weights import draft_to_target, random_draft_state
 from eagle_ms.models.eagle3 import KERNEL_EXTEND_ROWS, Eagle3Config, Eagle3Draft, Eagle3Expand
-from eagle_ms.draft_weights import check_draft_state, load_draft_state
+from eagle_ms.draft_weights import check_draft_state, load_draft_state, matrix_keys
+from eagle_ms.safetensors_format import CheckpointError
 from helpers_models import TINY, build_teacher
 
 TOL = 1e-4
@@ -95,15 +99,24 @@ def full_target_logprob(values, ids, vocab):
 
 # ----------------------------------------------------------------------------- fixtures
 
+def as_float16(state, cfg):
+    """``state`` with every weight matrix rounded to float16 (values float16 holds exactly, in float32)."""
+    return {k: v.astype(np.float16).astype(np.float32) if k in matrix_keys(cfg) else v for k, v in state.items()}
+
+
 class Built:
-    def __init__(self, name, top_k=None):
-        """``name``: a CONFIGS key, with ``:cpu`` for the draft built with the fused CPU kernels."""
+    def __init__(self, name, top_k=None, kernel_weight_dtype="float32"):
+        """``name``: a CONFIGS key, with ``:cpu`` for the draft built with the fused CPU kernels.
+        ``kernel_weight_dtype`` 'float16': the matrices rounded to float16, the kernels reading float16 copies."""
         config_name, _, kernels = name.partition(":")
         cfg = CONFIGS[config_name]
         self.cfg = cfg
         self.state = check_draft_state(random_draft_state(cfg, seed=3, std=0.3), cfg)
+        if kernel_weight_dtype == "float16":
+            self.state = as_float16(self.state, cfg)
         self.embed = np.random.default_rng(4).standard_normal((cfg.vocab_size, cfg.hidden_size)).astype(np.float32)
-        self.draft = Eagle3Draft(cfg, 1, CAPACITY, top_k or cfg.draft_vocab_size, kernels=kernels or "composite")
+        self.draft = Eagle3Draft(cfg, 1, CAPACITY, top_k or cfg.draft_vocab_size, kernels=kernels or "composite",
+                                 kernel_weight_dtype=kernel_weight_dtype)
         load_draft_state(self.draft, self.state, embed=self.embed)
         self.expand = Eagle3Expand(self.draft)
         self.targets = draft_to_target(self.state["d2t"])
@@ -261,6 +274,57 @@ def test_extend_kernel_skips_padding_rows_and_long_extends_run_the_ops(cpu_expan
     assert rel_err(hidden, h) < TOL
     order = np.argsort(-lp, axis=-1, kind="stable")[:, :4]
     np.testing.assert_array_equal(ids, b.targets[order])
+
+
+def test_float16_weight_copies_give_the_float32_kernels_bits():
+    """The layer kernels reading float16 copies of weight matrices that float16 holds exactly: extend
+    (``DraftExtendFront`` with a float16 fc) and expand outputs, and the K/V they leave in the cache, are bit
+    for bit those of the kernels reading the float32 Parameters, and match the float64 reference. The float16
+    draft's matrices (and only those) are float16 copies."""
+    half = Built("mha-reduced-headdim24:cpu", top_k=4, kernel_weight_dtype="float16")
+    full = Built("mha-reduced-headdim24:cpu", top_k=4)
+    load_draft_state(full.draft, half.state, embed=half.embed)
+    assert [p.dtype for p in half.draft.half_matrices.matrices()] == [ms.float16] * 6
+    assert full.draft.half_matrices is None
+    for h, f in zip(half.draft.half_matrices.matrices(), full.draft.float_matrices()):
+        np.testing.assert_array_equal(h.asnumpy().astype(np.float32), f.asnumpy())
+    cfg, rng = half.cfg, np.random.default_rng(23)
+    n = 7
+    toks, feats = rng.integers(0, 64, n), rng.standard_normal((n, 3 * cfg.target_hidden_size))
+    slots = 30 + np.arange(3)
+    vis = np.zeros((3, CAPACITY), bool)
+    vis[:, :n] = True
+    vis[np.arange(3), slots] = True
+    outs = []
+    for b in (half, full):
+        extend = call(b.draft, toks, feats, np.arange(n), np.arange(n), causal(0, n))
+        expand = call(b.expand, toks[:3], extend[2][[6, 1, 3]], np.full(3, n), slots, vis)
+        cache = b.draft.midlayer.self_attn.kv_cache
+        outs.append(extend + expand + [cache.k_cache.asnumpy(), cache.v_cache.asnumpy()])
+    for got, want in zip(*outs):
+        np.testing.assert_array_equal(got, want)
+    lp, h = half.ref(toks, list(feats), [True] * n, np.arange(n), np.tril(np.ones((n, n), bool)))
+    assert rel_err(outs[0][2], h) < TOL
+    np.testing.assert_array_equal(outs[0][1], half.targets[np.argsort(-lp, axis=-1, kind="stable")[:, :4]])
+    head = half.draft.half_matrices.lm_head
+    head.set_data(Tensor(np.zeros(head.shape, np.float16)))  # the kernels read the copies: uniform log-probs
+    again = call(half.expand, toks[:3], outs[0][2][[6, 1, 3]], np.full(3, n), slots, vis)
+    np.testing.assert_allclose(again[0], np.full((3, 4), -np.log(cfg.draft_vocab_size)), rtol=1e-6)
+
+
+def test_float16_weight_copies_refuse_inexact_weights_before_writing():
+    """A draft built for float16 copies refuses a state whose matrices float16 does not hold exactly,
+    naming the keys, and keeps the weights it had."""
+    half = Built("mha-reduced-headdim24:cpu", top_k=4, kernel_weight_dtype="float16")
+    before = [p.asnumpy().copy() for p in half.draft.float_matrices() + half.draft.half_matrices.matrices()]
+    bad = dict(half.state)
+    bad["midlayer.mlp.down_proj.weight"] = bad["midlayer.mlp.down_proj.weight"] + np.float32(1e-6)
+    with pytest.raises(CheckpointError, match="midlayer.mlp.down_proj.weight.*float16"):
+        load_draft_state(half.draft, bad, embed=half.embed)
+    for p, want in zip(half.draft.float_matrices() + half.draft.half_matrices.matrices(), before):
+        np.testing.assert_array_equal(p.asnumpy(), want)
+    with pytest.raises(ValueError, match="kernel_weight_dtype"):
+        Eagle3Draft(half.cfg, 1, CAPACITY, 4, kernels="cpu", kernel_weight_dtype="bfloat16")
 
 
 def test_draft_expand_kernel_refuses_a_token_outside_the_vocabulary(cpu_expand):

@@ -30,7 +30,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <vector>
+
+#if defined(__AVX512F__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 #include "kernel_common.h"
 #include "layer_math.h"
@@ -38,23 +43,48 @@
 
 namespace {
 
+// A weight matrix [in, out] (row-major) as a kernel input: float32, or float16 for weights that are exactly
+// float16 (eagle_ms/models/eagle3.py ``Eagle3Draft`` passes float16 copies then): every float16 value widens
+// to float32 exactly, so the products, and the results, are the same bits either way; float16 halves the bytes
+// that each depth streams through the cache.
+struct Matrix {
+  const void *data;
+  bool half;
+};
+
+// One vector of weights from p, widened to float32.
+inline VecF load_weights(const float *p) { return load_vec(p); }
+
+inline VecF load_weights(const _Float16 *p) {
+#if defined(__AVX512F__)
+  return (VecF)(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p))));
+#elif defined(__F16C__)
+  return (VecF)(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p))));
+#else
+  VecF v;
+  for (int64_t e = 0; e < kVecLanes; ++e) v[e] = static_cast<float>(p[e]);
+  return v;
+#endif
+}
+
 // y [n, out] = x [n, in] @ w [in, out] (row-major). Each y[r][j] is the sum over i in ascending order of
 // x[r][i] * w[i][j], one rounding per product and per add (the library is built with -ffp-contract=off), so
 // a row's result depends neither on n nor on the other rows. Rows go two at a time over 32-column tiles,
 // so that each weight vector loaded serves both.
 constexpr int64_t kTileVecs = 32 / kVecLanes;
 
-void matmul_rows(const float *x, int64_t n, int64_t in, const float *w, int64_t out, float *y) {
+template <typename W>
+void matmul_rows(const float *x, int64_t n, int64_t in, const W *w, int64_t out, float *y) {
   int64_t j0 = 0;
   for (; j0 + 32 <= out; j0 += 32) {
     for (int64_t r0 = 0; r0 < n; r0 += 2) {
       const float *x0 = x + r0 * in, *x1 = x + std::min(r0 + 1, n - 1) * in;
       VecF a0[kTileVecs] = {}, a1[kTileVecs] = {};
       for (int64_t i = 0; i < in; ++i) {
-        const float *wi = w + i * out + j0;
+        const W *wi = w + i * out + j0;
         const float s0 = x0[i], s1 = x1[i];
         for (int64_t u = 0; u < kTileVecs; ++u) {
-          const VecF wv = load_vec(wi + u * kVecLanes);
+          const VecF wv = load_weights(wi + u * kVecLanes);
           a0[u] += s0 * wv;
           a1[u] += s1 * wv;
         }
@@ -68,16 +98,31 @@ void matmul_rows(const float *x, int64_t n, int64_t in, const float *w, int64_t 
   for (; j0 < out; ++j0) {  // the last out % 32 columns one at a time, in the same order
     for (int64_t r = 0; r < n; ++r) {
       float sum = 0.0f;
-      for (int64_t i = 0; i < in; ++i) sum += x[r * in + i] * w[i * out + j0];
+      for (int64_t i = 0; i < in; ++i) sum += x[r * in + i] * static_cast<float>(w[i * out + j0]);
       y[r * out + j0] = sum;
     }
   }
 }
 
+void matmul_rows(const float *x, int64_t n, int64_t in, const Matrix &w, int64_t out, float *y) {
+  if (w.half) {
+    matmul_rows(x, n, in, static_cast<const _Float16 *>(w.data), out, y);
+  } else {
+    matmul_rows(x, n, in, static_cast<const float *>(w.data), out, y);
+  }
+}
+
+// True when kernel input i is a weight matrix the kernels take as float32 or float16; ``half`` tells which.
+bool matrix_dtype(const char **dtypes, int i, bool *half) {
+  *half = std::strcmp(dtypes[i], "float16") == 0;
+  return *half || std::strcmp(dtypes[i], "float32") == 0;
+}
+
 // The draft's weights and sizes, read from the kernel inputs in ``kWeightInputs`` order.
 struct DraftLayer {
   int64_t h, inter, hq, hkv, d, vocab, draft_vocab;
-  const float *embed, *w_in, *w_hid, *w_qkv, *qkv_bias, *w_o, *w_post, *w_gate_up, *w_down, *w_final, *w_lm;
+  const float *embed, *w_in, *w_hid, *qkv_bias, *w_post, *w_final;
+  Matrix w_qkv, w_o, w_gate_up, w_down, w_lm;  // float32 or float16 (``Matrix``)
   const int32_t *d2t;
   float eps;
   const float *scales;  // [hkv] score scale per KV head
@@ -86,13 +131,19 @@ struct DraftLayer {
 
 // The draft weights as kernel inputs, starting at ``first``: embed [V, H], input_layernorm [H], hidden_norm
 // [H], qkv [2H, (Hq+2Hkv)D], qkv bias [(Hq+2Hkv)D], o [Hq D, H], post_attention_layernorm [H], gate_up [H, 2I],
-// down [I, H], norm [H], lm_head [H, Vd], d2t [Vd] i32, eps [1], scale [Hkv] (its length gives Hkv).
+// down [I, H], norm [H], lm_head [H, Vd], d2t [Vd] i32, eps [1], scale [Hkv] (its length gives Hkv). The five
+// matrices (qkv, o, gate_up, down, lm_head) are float32 or float16 (``Matrix``), the rest float32.
 constexpr int kWeightInputs = 14;
+constexpr int kMatrixInputs[] = {3, 5, 7, 8, 10};
 
 bool read_layer(void **params, int *ndims, int64_t **shapes, const char **dtypes, int first, int64_t head_dim,
                 DraftLayer *layer) {
+  bool half[kWeightInputs] = {};
   for (int i = 0; i < kWeightInputs; ++i) {
-    if (std::strcmp(dtypes[first + i], i == 11 ? "int32" : "float32") != 0) return false;
+    const bool matrix = std::find(std::begin(kMatrixInputs), std::end(kMatrixInputs), i) != std::end(kMatrixInputs);
+    if (matrix ? !matrix_dtype(dtypes, first + i, &half[i])
+               : std::strcmp(dtypes[first + i], i == 11 ? "int32" : "float32") != 0)
+      return false;
   }
   auto size = [&](int i) { return element_count(ndims[first + i], shapes[first + i]); };
   auto f32 = [&](int i) { return static_cast<const float *>(params[first + i]); };
@@ -111,8 +162,9 @@ bool read_layer(void **params, int *ndims, int64_t **shapes, const char **dtypes
       size(5) != L.hq * L.d * L.h || size(6) != L.h || shapes[first + 7][0] != L.h || size(8) != L.inter * L.h ||
       size(9) != L.h || shapes[first + 10][0] != L.h || size(11) != L.draft_vocab || size(12) != 1)
     return false;
-  L.embed = f32(0), L.w_in = f32(1), L.w_hid = f32(2), L.w_qkv = f32(3), L.qkv_bias = f32(4), L.w_o = f32(5);
-  L.w_post = f32(6), L.w_gate_up = f32(7), L.w_down = f32(8), L.w_final = f32(9), L.w_lm = f32(10);
+  auto matrix = [&](int i) { return Matrix{params[first + i], half[i]}; };
+  L.embed = f32(0), L.w_in = f32(1), L.w_hid = f32(2), L.w_qkv = matrix(3), L.qkv_bias = f32(4), L.w_o = matrix(5);
+  L.w_post = f32(6), L.w_gate_up = matrix(7), L.w_down = matrix(8), L.w_final = f32(9), L.w_lm = matrix(10);
   L.d2t = static_cast<const int32_t *>(params[first + 11]);
   L.eps = *f32(12);
   L.scales = f32(13);
@@ -275,14 +327,15 @@ extern "C" int DraftFront(int nparam, void **params, int *ndims, int64_t **shape
 
 // DraftExtendFront(ids [B, n] i32, aux [B, n, 3Ht], cos, sin, real [B] i32, fc [3Ht, H], <the 14 weight
 //                  inputs>) -> (q, k, v as DraftFront's, features [B, n, H]): the extend call's first kernel,
-// fc over the teacher features of the real rows, then ``DraftFront``'s math; features (zeros past the real
+// fc (float32 or float16, as the weight matrices) over the teacher features of the real rows, then ``DraftFront``'s math; features (zeros past the real
 // rows) are the residual ``DraftBack`` takes.
 extern "C" int DraftExtendFront(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                                 void *, void *) {
   constexpr int kIn = 6 + kWeightInputs;
   if (nparam != kIn + 4) return 1;
-  static const char *const want[] = {"int32", "float32", "float32", "float32", "int32", "float32"};
-  if (!dtypes_are(dtypes, want, 6) || !all_float32(4, dtypes + kIn)) return 2;
+  static const char *const want[] = {"int32", "float32", "float32", "float32", "int32"};
+  bool fc_half = false;
+  if (!dtypes_are(dtypes, want, 5) || !matrix_dtype(dtypes, 5, &fc_half) || !all_float32(4, dtypes + kIn)) return 2;
   if (ndims[0] != 2 || ndims[1] != 3 || ndims[5] != 2 || ndims[kIn] != 4) return 3;
   DraftLayer L;
   if (!read_layer(params, ndims, shapes, dtypes, 6, shapes[kIn][3], &L)) return 3;
@@ -291,7 +344,8 @@ extern "C" int DraftExtendFront(int nparam, void **params, int *ndims, int64_t *
       element_count(ndims[kIn + 3], shapes[kIn + 3]) != b * n * L.h)
     return 3;
   const int32_t *real = static_cast<const int32_t *>(params[4]);
-  const float *teacher = static_cast<const float *>(params[1]), *fc = static_cast<const float *>(params[5]);
+  const float *teacher = static_cast<const float *>(params[1]);
+  const Matrix fc{params[5], fc_half};
   float *features = static_cast<float *>(params[kIn + 3]);
   std::fill(features, features + b * n * L.h, 0.0f);
   for (int64_t bi = 0; bi < b; ++bi) {

@@ -185,6 +185,27 @@ class RootPairStore(nn.Cell):
                          ops.gather(hidden, row, 1, batch_dims=1)[:, 0])
 
 
+class HalfMatrices(nn.Cell):
+    """float16 copies of the draft's weight matrices (``Eagle3Draft.float_matrices``: fc, qkv, o, gate_up,
+    down, lm_head, same shapes), which the layer kernels read in place of the float32 ones when the draft is
+    built with ``kernel_weight_dtype`` 'float16'. Only for weights that are exactly float16 (the shipped draft
+    is stored in float16; eagle_ms/draft_weights.py ``load_draft_state`` checks every value and fills these):
+    the kernels widen each value back to the same float32, so their results are the same bits, and each draft
+    depth streams half the bytes (docs/teacher_profile.md). Inference only; not checkpoint content."""
+
+    NAMES = ("fc", "qkv", "o", "gate_up", "down", "lm_head")
+
+    def __init__(self, shapes):
+        super().__init__()
+        for name, shape in zip(self.NAMES, shapes):
+            setattr(self, name, Parameter(initializer("zeros", shape, ms.float16), name=f"kernel_half.{name}",
+                                          requires_grad=False))
+
+    def matrices(self):
+        """The six Parameters in ``NAMES`` order."""
+        return tuple(getattr(self, name) for name in self.NAMES)
+
+
 class Eagle3Draft(nn.Cell):
     """The draft; ``construct`` is the ``extend`` graph (teacher features through fc).
 
@@ -192,11 +213,17 @@ class Eagle3Draft(nn.Cell):
     with ``eagle_ms.draft_weights.load_draft_state(..., embed=array)``). ``top_k``: K of the in-graph top-k.
     ``capacity``: slots of the draft KV cache (committed region + scratch, see eagle_ms.eagle3_drafter).
     ``kernels``: 'composite' or 'cpu' (fused CPU kernels, eagle_ms/models/cpu_kernels.py; inference only).
+    ``kernel_weight_dtype``: 'float16' = the layer kernels read float16 copies of the weight matrices
+    (``HalfMatrices``; every weight loaded must then be exactly float16), 'float32' = the Parameters
+    themselves. Only the layer kernels (kernels 'cpu' with eager attention) read them.
     """
 
     def __init__(self, cfg: Eagle3Config, batch: int, capacity: int, top_k: int, backend: str = "eager",
-                 compute_dtype: str = "float32", embed: Parameter | None = None, kernels: str = "composite"):
+                 compute_dtype: str = "float32", embed: Parameter | None = None, kernels: str = "composite",
+                 kernel_weight_dtype: str = "float32"):
         super().__init__()
+        if kernel_weight_dtype not in ("float32", "float16"):
+            raise ValueError(f"kernel_weight_dtype={kernel_weight_dtype!r} must be 'float32' or 'float16'")
         if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= cfg.draft_vocab_size:
             raise ValueError(f"top_k={top_k!r} must be an integer in [1, draft_vocab_size={cfg.draft_vocab_size}]")
         dt = DTYPES[compute_dtype]
@@ -234,6 +261,9 @@ class Eagle3Draft(nn.Cell):
         self.front_kernel = cpu_kernels.draft_front_op() if layer_kernels else None
         self.extend_front_kernel = cpu_kernels.draft_extend_front_op() if layer_kernels else None
         self.back_kernel = cpu_kernels.draft_back_op(top_k) if layer_kernels else None
+        self.half_matrices = None
+        if layer_kernels and kernel_weight_dtype == "float16":
+            self.half_matrices = HalfMatrices([p.shape for p in self.float_matrices()])
 
     def construct(self, input_ids, features, position_ids, cache_slots, attn_mask, last_row=None, real_rows=None):
         """extend: features [B,N,3Ht] are teacher aux features (fc applied). Returns (logprob, ids, hidden).
@@ -298,8 +328,9 @@ class Eagle3Draft(nn.Cell):
         ids = input_ids.astype(ms.int32)
         real = ops.ones((b,), ms.int32) * n if real_rows is None else real_rows.astype(ms.int32)
         if extend:
-            q, k, v, feature = self.extend_front_kernel(ids, features.astype(ms.float32), cos, sin, real,
-                                                        self.fc.weight, *weights)
+            fc = self.fc.weight if self.half_matrices is None else self.half_matrices.fc
+            q, k, v, feature = self.extend_front_kernel(ids, features.astype(ms.float32), cos, sin, real, fc,
+                                                        *weights)
         else:
             feature = features.astype(ms.float32)
             q, k, v = self.front_kernel(ids, feature, cos, sin, real, *weights)
@@ -310,12 +341,21 @@ class Eagle3Draft(nn.Cell):
     def kernel_weights(self):
         """The weights as the draft kernels take them (eagle_ms/models/draft_kernels.cc ``kWeightInputs``):
         embedding, the two input norms, q/k/v and its (zero) bias, o, the post-attention norm, gate/up, down,
-        the final norm, lm_head, d2t, eps [1], the score scale per KV head [Hkv]."""
+        the final norm, lm_head, d2t, eps [1], the score scale per KV head [Hkv]; the matrices as float16 copies
+        with ``kernel_weight_dtype`` 'float16'."""
         mid, attn = self.midlayer, self.midlayer.self_attn
-        return (self.embed_tokens.weight, mid.input_layernorm.weight, mid.hidden_norm.weight, attn.qkv_proj.weight,
-                attn.qkv_bias, attn.o_proj.weight, mid.post_attention_layernorm.weight, mid.mlp.gate_up_proj.weight,
-                mid.mlp.down_proj.weight, self.norm.weight, self.lm_head.weight, self.d2t, mid.eps_tensor,
-                attn.attn.kv_head_scales)
+        source = self.float_matrices() if self.half_matrices is None else self.half_matrices.matrices()
+        _, qkv, o, gate_up, down, lm_head = source
+        return (self.embed_tokens.weight, mid.input_layernorm.weight, mid.hidden_norm.weight, qkv, attn.qkv_bias, o,
+                mid.post_attention_layernorm.weight, gate_up, down, self.norm.weight, lm_head, self.d2t,
+                mid.eps_tensor, attn.attn.kv_head_scales)
+
+    def float_matrices(self):
+        """The weight matrices the layer kernels stream, as Parameters: fc [3Ht, H], qkv [2H, (Hq+2Hkv)D],
+        o [Hq D, H], gate_up [H, 2I], down [I, H], lm_head [H, Vd] (``HalfMatrices.NAMES`` order)."""
+        mid = self.midlayer
+        return (self.fc.weight, mid.self_attn.qkv_proj.weight, mid.self_attn.o_proj.weight,
+                mid.mlp.gate_up_proj.weight, mid.mlp.down_proj.weight, self.lm_head.weight)
 
     def logprobs(self, hidden):
         """hidden [B,N,H] -> log-softmax over the draft vocabulary [B,N,Vd] fp32."""
