@@ -321,9 +321,8 @@ def with_score_temperature(state: dict, temperature: float) -> dict:
     float32): the final norm feeds only the lm_head, so the draft's log-probs become log_softmax(logits / T),
     the scores that rank the draft tree (``speculative.score_temperature``). Each row's top-k is unchanged;
     T < 1 makes likely tokens' log-probs nearer 0 and unlikely ones' more negative, so the budget goes to
-    deeper chains. The norm, not the lm_head, takes T so that the weight matrices stay as stored (float16
-    for the shipped draft, which the layer kernels then read as float16: ``Eagle3Draft``
-    ``kernel_weight_dtype``). The input is not modified; T = 1 returns it as is."""
+    deeper chains. The norm, not the lm_head, takes T so that the matrices stay as stored (float16 for the
+    shipped draft, read as float16 by the kernels: ``kernel_weight_dtype``). Input unchanged; T = 1 returns it."""
     if temperature == 1.0:
         return state
     out = dict(state)
@@ -340,11 +339,9 @@ def matrix_keys(cfg: Eagle3Config) -> list[str]:
 def not_float16(state: dict, cfg: Eagle3Config) -> list[str]:
     """The weight-matrix keys of ``state`` holding a value that float16 does not represent exactly (empty:
     the layer kernels can read every matrix as float16 with the same results)."""
-    def exact(value) -> bool:
-        value = np.asarray(value, np.float32)
-        with np.errstate(over="ignore"):
-            return np.array_equal(value.astype(np.float16).astype(np.float32), value, equal_nan=True)
-    return [key for key in matrix_keys(cfg) if not exact(state[key])]
+    values = {key: np.asarray(state[key], np.float32) for key in matrix_keys(cfg)}
+    with np.errstate(over="ignore"):
+        return [k for k, v in values.items() if not np.array_equal(v.astype(np.float16).astype(np.float32), v, True)]
 
 
 def load_draft_state(draft, state: dict, embed: np.ndarray | None = None) -> None:
@@ -354,9 +351,9 @@ def load_draft_state(draft, state: dict, embed: np.ndarray | None = None) -> Non
     if draft.half_matrices is not None:
         inexact = not_float16(state, draft.config)
         if inexact:  # before anything is written
-            raise CheckpointError(f"draft weights {', '.join(inexact)} hold values that float16 does not represent "
-                                  f"exactly, but this draft's layer kernels read float16 copies "
-                                  f"(kernel_weight_dtype 'float16'): build it with 'float32'")
+            raise CheckpointError(f"draft weights {', '.join(inexact)} hold values float16 does not represent exactly, "
+                                  f"but this draft's kernels read float16 copies: build it with kernel_weight_dtype "
+                                  f"'float32'")
     slots = _weight_slots(draft)
     for param, value in params_from_state(slots, lambda key: state[key]):
         param.set_data(Tensor(value, dtype=param.dtype))
