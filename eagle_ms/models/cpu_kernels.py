@@ -230,27 +230,29 @@ def tree_finish_op():
 
 
 def draft_front_op():
-    """(ids [B,n] i32, features [B,n,H], cos [B,n,Dh], sin [B,n,Dh], real [B] i32, then
-    ``Eagle3Draft.kernel_weights()``) -> (q [B,n,Hq,Dh], k [B,n,Hkv,Dh], v [B,n,Hkv,Dh]): the draft layer up
-    to attention over the first real[b] rows (draft_kernels.cc ``DraftFront``)."""
+    """(ids [B,n] i32, features [B,n,H], positions [B,n] i32, inv_freq [Dh/2] (``layers.Rotary``'s), real [B] i32,
+    then ``Eagle3Draft.kernel_weights()``) -> (q [B,n,Hq,Dh], k [B,n,Hkv,Dh], v [B,n,Hkv,Dh]): the draft layer
+    up to attention over the first real[b] rows, RoPE tables made in the kernel (draft_kernels.cc
+    ``DraftFront``)."""
     import mindspore as ms
 
-    def shapes(ids, feats, cos, sin, real, *weights):
+    def shapes(ids, feats, positions, inv_freq, real, *weights):
         b, n = ids
-        hkv, d = weights[-1][0], cos[-1]
+        hkv, d = weights[-1][0], 2 * inv_freq[0]
         return [b, n, weights[3][1] // d - 2 * hkv, d], [b, n, hkv, d], [b, n, hkv, d]
 
     return _custom("DraftFront", shapes, lambda *_: (ms.float32,) * 3)
 
 
 def draft_extend_front_op():
-    """(ids [B,n] i32, aux [B,n,3Ht], cos, sin, real [B] i32, fc [3Ht,H], then the weights) -> ``DraftFront``'s
-    outputs and features [B,n,H] (fc of the real rows): the extend call's first kernel (``DraftExtendFront``)."""
+    """(ids [B,n] i32, aux [B,n,3Ht], positions, inv_freq, real [B] i32, fc [3Ht,H], then the weights) ->
+    ``DraftFront``'s outputs and features [B,n,H] (fc of the real rows): the extend call's first kernel
+    (``DraftExtendFront``)."""
     import mindspore as ms
 
-    def shapes(ids, aux, cos, sin, real, fc, *weights):
+    def shapes(ids, aux, positions, inv_freq, real, fc, *weights):
         b, n = ids
-        hkv, d = weights[-1][0], cos[-1]
+        hkv, d = weights[-1][0], 2 * inv_freq[0]
         return [b, n, weights[3][1] // d - 2 * hkv, d], [b, n, hkv, d], [b, n, hkv, d], [b, n, fc[1]]
 
     return _custom("DraftExtendFront", shapes, lambda *_: (ms.float32,) * 4)
@@ -270,13 +272,13 @@ def draft_back_op(top_k: int):
 
 
 def draft_tree_op():
-    """(root_logprob [B,K], root_ids [B,K] i32, root_hidden [B,H], length [B] i32, cos [B,D-1,Dh], sin
-    [B,D-1,Dh], k_cache, v_cache, settings [2] i32 (scratch X, context window or 0), cut [1] f32, layout
-    [k,C] i32 (shape only), then ``Eagle3Draft.kernel_weights()``) -> the candidate tables (scores [B,C] f32,
-    ints [B,3,C] i32) after every expansion depth (draft_kernels.cc ``DraftTree``)."""
+    """(root_logprob [B,K], root_ids [B,K] i32, root_hidden [B,H], length [B] i32, inv_freq [Dh/2], k_cache,
+    v_cache, settings [2] i32 (scratch X, context window or 0), cut [1] f32, layout [k,C] i32 (shape only),
+    then ``Eagle3Draft.kernel_weights()``) -> the candidate tables (scores [B,C] f32, ints [B,3,C] i32) after
+    every expansion depth (draft_kernels.cc ``DraftTree``)."""
     import mindspore as ms
 
-    def shapes(lp, ids, hidden, length, cos, sin, kc, vc, settings, cut, layout, *weights):
+    def shapes(lp, ids, hidden, length, inv_freq, kc, vc, settings, cut, layout, *weights):
         return [lp[0], layout[1]], [lp[0], 3, layout[1]]
 
     return _custom("DraftTree", shapes, lambda *_: (ms.float32, ms.int32))

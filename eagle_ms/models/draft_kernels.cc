@@ -275,28 +275,32 @@ constexpr int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * t
 // Rows computed of batch element bi: real[bi] clamped to [0, n].
 int64_t real_rows(const int32_t *real, int64_t bi, int64_t n) { return std::min<int64_t>(std::max(real[bi], 0), n); }
 
-// The shared body of ``DraftFront`` and ``DraftExtendFront``: inputs 0, 2, 3, 4 = ids [B, n], cos, sin
-// [B, n, D], real [B]; features [B, n, H] in the draft's width; outputs q [B, n, Hq, D], k, v [B, n, Hkv, D] at
+// The shared body of ``DraftFront`` and ``DraftExtendFront``: inputs 0, 2, 3, 4 = ids [B, n], positions
+// [B, n] i32, inv_freq [D/2] (``layers.Rotary``'s; the rows' rotary tables come from ``rope_tables``), real
+// [B]; features [B, n, H] in the draft's width; outputs q [B, n, Hq, D], k, v [B, n, Hkv, D] at
 // params[out..out+2], zeros past the real rows.
 int front_rows(const DraftLayer &L, void **params, int *ndims, int64_t **shapes, const float *features, int out) {
   const int64_t b = shapes[0][0], n = shapes[0][1], d = L.d;
-  if (element_count(ndims[2], shapes[2]) != b * n * d || element_count(ndims[3], shapes[3]) != b * n * d ||
+  if (element_count(ndims[2], shapes[2]) != b * n || element_count(ndims[3], shapes[3]) != d / 2 ||
       element_count(ndims[4], shapes[4]) != b || element_count(ndims[out], shapes[out]) != b * n * L.hq * d)
     return 3;
   const int32_t *ids = static_cast<const int32_t *>(params[0]), *real = static_cast<const int32_t *>(params[4]);
-  const float *cos_t = static_cast<const float *>(params[2]), *sin_t = static_cast<const float *>(params[3]);
+  const int32_t *positions = static_cast<const int32_t *>(params[2]);
+  const float *inv_freq = static_cast<const float *>(params[3]);
   float *q = static_cast<float *>(params[out]), *k = static_cast<float *>(params[out + 1]);
   float *v = static_cast<float *>(params[out + 2]);
   std::fill(q, q + b * n * L.hq * d, 0.0f);
   std::fill(k, k + b * n * L.hkv * d, 0.0f);
   std::fill(v, v + b * n * L.hkv * d, 0.0f);
   LayerRows rows(L, n);
+  std::vector<float> tables(2 * n * d);  // row r's cos at 2rd, its sin at (2r+1)d
   for (int64_t bi = 0; bi < b; ++bi) {
     const int64_t m = real_rows(real, bi, n);
     std::vector<const float *> cos(m), sin(m);
     for (int64_t r = 0; r < m; ++r) {
-      cos[r] = cos_t + (bi * n + r) * d;
-      sin[r] = sin_t + (bi * n + r) * d;
+      cos[r] = tables.data() + 2 * r * d;
+      sin[r] = cos[r] + d;
+      rope_tables(positions[bi * n + r], inv_freq, d, tables.data() + 2 * r * d, tables.data() + (2 * r + 1) * d);
     }
     if (!layer_front(L, m, ids + bi * n, features + bi * n * L.h, cos.data(), sin.data(), rows,
                      k + bi * n * L.hkv * d, v + bi * n * L.hkv * d))
@@ -308,7 +312,7 @@ int front_rows(const DraftLayer &L, void **params, int *ndims, int64_t **shapes,
 
 }  // namespace
 
-// DraftFront(ids [B, n] i32, features [B, n, H], cos [B, n, D], sin [B, n, D], real [B] i32,
+// DraftFront(ids [B, n] i32, features [B, n, H], positions [B, n] i32, inv_freq [D/2], real [B] i32,
 //            <the 14 weight inputs>) -> (q [B, n, Hq, D], k [B, n, Hkv, D], v [B, n, Hkv, D]).
 // The layer up to attention (input norms, q/k/v, RoPE) over the first real[b] rows (zeros for the rest): the
 // expand call's first kernel. The caller writes k, v to the cache, then runs ``DraftBack``.
@@ -316,7 +320,7 @@ extern "C" int DraftFront(int nparam, void **params, int *ndims, int64_t **shape
                           void *, void *) {
   constexpr int kIn = 5 + kWeightInputs;
   if (nparam != kIn + 3) return 1;
-  static const char *const want[] = {"int32", "float32", "float32", "float32", "int32"};
+  static const char *const want[] = {"int32", "float32", "int32", "float32", "int32"};
   if (!dtypes_are(dtypes, want, 5) || !all_float32(3, dtypes + kIn)) return 2;
   if (ndims[0] != 2 || ndims[kIn] != 4) return 3;
   DraftLayer L;
@@ -325,7 +329,7 @@ extern "C" int DraftFront(int nparam, void **params, int *ndims, int64_t **shape
   return front_rows(L, params, ndims, shapes, static_cast<const float *>(params[1]), kIn);
 }
 
-// DraftExtendFront(ids [B, n] i32, aux [B, n, 3Ht], cos, sin, real [B] i32, fc [3Ht, H], <the 14 weight
+// DraftExtendFront(ids [B, n] i32, aux [B, n, 3Ht], positions, inv_freq, real [B] i32, fc [3Ht, H], <the 14 weight
 //                  inputs>) -> (q, k, v as DraftFront's, features [B, n, H]): the extend call's first kernel,
 // fc (float32 or float16, as the weight matrices) over the teacher features of the real rows, then ``DraftFront``'s math; features (zeros past the real
 // rows) are the residual ``DraftBack`` takes.
@@ -333,7 +337,7 @@ extern "C" int DraftExtendFront(int nparam, void **params, int *ndims, int64_t *
                                 void *, void *) {
   constexpr int kIn = 6 + kWeightInputs;
   if (nparam != kIn + 4) return 1;
-  static const char *const want[] = {"int32", "float32", "float32", "float32", "int32"};
+  static const char *const want[] = {"int32", "float32", "int32", "float32", "int32"};
   bool fc_half = false;
   if (!dtypes_are(dtypes, want, 5) || !matrix_dtype(dtypes, 5, &fc_half) || !all_float32(4, dtypes + kIn)) return 2;
   if (ndims[0] != 2 || ndims[1] != 3 || ndims[5] != 2 || ndims[kIn] != 4) return 3;
@@ -415,44 +419,46 @@ extern "C" int DraftBack(int nparam, void **params, int *ndims, int64_t **shapes
   return 0;
 }
 
-// DraftTree(root_logprob [B, K], root_ids [B, K] i32, root_hidden [B, H], length [B] i32, cos [B, D-1, Dh],
-//           sin [B, D-1, Dh], k_cache [B*Hkv*S, Dh], v_cache [B*Hkv*S, Dh], settings [2] i32, cut [1],
-//           layout [k, C] i32 (shape only), <the 14 weight inputs>)
+// DraftTree(root_logprob [B, K], root_ids [B, K] i32, root_hidden [B, H], length [B] i32, inv_freq [Dh/2],
+//           k_cache [B*Hkv*S, Dh], v_cache [B*Hkv*S, Dh], settings [2] i32, cut [1],
+//           layout [k, C] i32 (shape only: C = k + (D-1)k^2 gives D), <the 14 weight inputs>)
 //   -> (scores [B, C], ints [B, 3, C] i32): the candidate tables of tree_kernels.cc after depths 1..D-1.
 // The device step's draft tree (eagle_ms/models/draft_tree_step.py, module doc steps 3-4 without the final
 // rerank, which ``TreeFinish`` does). settings = (X scratch slots, context window w or 0 = unbounded); L' =
 // length. Depth t (1..D-1) runs the layer over the k frontier rows: tokens the frontier's, features their
-// parents' hidden (depth 1: root_hidden), position L'-1+t (the tables' row t-1), scratch slot (t-1)k + r; a
-// row sees the committed pairs [max(L'-w, 0), L') (cache slots X + pair), its ancestors' slots and its own,
-// then ``tree_grow_row`` (cut: log min_path_prob or -inf). The tree's K/V stay in this kernel's buffers.
+// parents' hidden (depth 1: root_hidden), position L'-1+t (its rotary tables from ``rope_tables``), scratch
+// slot (t-1)k + r; a row sees the committed pairs [max(L'-w, 0), L') (cache slots X + pair), its ancestors'
+// slots and its own, then ``tree_grow_row`` (cut: log min_path_prob or -inf). The tree's K/V stay in this
+// kernel's buffers.
 extern "C" int DraftTree(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                          void *, void *) {
-  constexpr int kIn = 11 + kWeightInputs;
+  constexpr int kIn = 10 + kWeightInputs;
   if (nparam != kIn + 2) return 1;
   static const char *const want[] = {"float32", "int32", "float32", "int32", "float32", "float32",
-                                     "float32", "float32", "int32", "float32", "int32"};
-  if (!dtypes_are(dtypes, want, 11) || std::strcmp(dtypes[kIn], "float32") != 0 ||
+                                     "float32", "int32", "float32", "int32"};
+  if (!dtypes_are(dtypes, want, 10) || std::strcmp(dtypes[kIn], "float32") != 0 ||
       std::strcmp(dtypes[kIn + 1], "int32") != 0)
     return 2;
-  if (ndims[0] != 2 || ndims[4] != 3 || ndims[6] != 2 || ndims[10] != 2 || ndims[kIn] != 2) return 3;
-  const int64_t b = shapes[0][0], top = shapes[0][1], depths = shapes[4][1] + 1, d = shapes[6][1];
-  const int64_t k = shapes[10][0], c = shapes[10][1];
+  if (ndims[0] != 2 || ndims[5] != 2 || ndims[9] != 2 || ndims[kIn] != 2) return 3;
+  const int64_t b = shapes[0][0], top = shapes[0][1], d = shapes[5][1];
+  const int64_t k = shapes[9][0], c = shapes[9][1];
+  if (k < 1 || c < k || (c - k) % (k * k) != 0) return 3;
+  const int64_t depths = (c - k) / (k * k) + 1;
   DraftLayer L;
-  if (!read_layer(params, ndims, shapes, dtypes, 11, d, &L)) return 3;
-  const int64_t slots_per = shapes[6][0] / (b * L.hkv);
-  if (k < 1 || k > top || c != k + (depths - 1) * k * k || element_count(ndims[1], shapes[1]) != b * top ||
-      element_count(ndims[2], shapes[2]) != b * L.h || element_count(ndims[3], shapes[3]) != b ||
-      element_count(ndims[4], shapes[4]) != b * (depths - 1) * d || element_count(ndims[5], shapes[5]) != b * (depths - 1) * d ||
-      shapes[6][0] != b * L.hkv * slots_per || element_count(ndims[7], shapes[7]) != shapes[6][0] * d ||
-      element_count(ndims[8], shapes[8]) != 2 || element_count(ndims[kIn], shapes[kIn]) != b * c ||
+  if (!read_layer(params, ndims, shapes, dtypes, 10, d, &L)) return 3;
+  const int64_t slots_per = shapes[5][0] / (b * L.hkv);
+  if (k > top || element_count(ndims[1], shapes[1]) != b * top || element_count(ndims[2], shapes[2]) != b * L.h ||
+      element_count(ndims[3], shapes[3]) != b || element_count(ndims[4], shapes[4]) != d / 2 ||
+      shapes[5][0] != b * L.hkv * slots_per || element_count(ndims[6], shapes[6]) != shapes[5][0] * d ||
+      element_count(ndims[7], shapes[7]) != 2 || element_count(ndims[kIn], shapes[kIn]) != b * c ||
       element_count(ndims[kIn + 1], shapes[kIn + 1]) != b * 3 * c)
     return 3;
   const float *root_lp = static_cast<const float *>(params[0]), *root_hidden = static_cast<const float *>(params[2]);
   const int32_t *root_ids = static_cast<const int32_t *>(params[1]), *length = static_cast<const int32_t *>(params[3]);
-  const float *cos_t = static_cast<const float *>(params[4]), *sin_t = static_cast<const float *>(params[5]);
-  const float *k_cache = static_cast<const float *>(params[6]), *v_cache = static_cast<const float *>(params[7]);
-  const int32_t *settings = static_cast<const int32_t *>(params[8]);
-  const float cut = *static_cast<const float *>(params[9]);
+  const float *inv_freq = static_cast<const float *>(params[4]);
+  const float *k_cache = static_cast<const float *>(params[5]), *v_cache = static_cast<const float *>(params[6]);
+  const int32_t *settings = static_cast<const int32_t *>(params[7]);
+  const float cut = *static_cast<const float *>(params[8]);
   float *scores = static_cast<float *>(params[kIn]);
   int32_t *ints = static_cast<int32_t *>(params[kIn + 1]);
   const int64_t scratch = settings[0], window = settings[1];
@@ -461,7 +467,7 @@ extern "C" int DraftTree(int nparam, void **params, int *ndims, int64_t **shapes
   std::vector<float> p, feats(k * L.h), hidden(k * L.h), logprob(k * top), tree_k(k * L.hkv * d);
   std::vector<float> tree_values(std::max<int64_t>(depths - 1, 1) * k * L.hkv * d);  // the tree's V [slot, Hkv, D]
   std::vector<int32_t> ids(k * top), tokens(k), parent_rows(k), front_ids(k), next_ids(k);
-  std::vector<float> front_scores(k), next_scores(k);
+  std::vector<float> front_scores(k), next_scores(k), table_cos(d), table_sin(d);
   for (int64_t bi = 0; bi < b; ++bi) {
     const int64_t len = length[bi], lo = window > 0 ? std::max<int64_t>(len - window, 0) : 0;
     const int64_t used = scratch + len;  // committed pairs end at slot X + L' - 1
@@ -484,8 +490,8 @@ extern "C" int DraftTree(int nparam, void **params, int *ndims, int64_t **shapes
                    tokens.data());
     for (int64_t r = 0; r < k; ++r) std::copy(root_hidden + bi * L.h, root_hidden + (bi + 1) * L.h, feats.begin() + r * L.h);
     for (int64_t t = 1; t < depths; ++t) {
-      const float *c_row = cos_t + (bi * (depths - 1) + t - 1) * d, *s_row = sin_t + (bi * (depths - 1) + t - 1) * d;
-      std::vector<const float *> cos(k, c_row), sin(k, s_row);
+      rope_tables(len - 1 + t, inv_freq, d, table_cos.data(), table_sin.data());
+      std::vector<const float *> cos(k, table_cos.data()), sin(k, table_sin.data());
       std::vector<const uint8_t *> keep(k);
       // depth t's rows are scratch slots (t-1)k .. tk-1: their V goes straight to its place in tree_values
       if (!layer_front(L, k, tokens.data(), feats.data(), cos.data(), sin.data(), rows, tree_k.data(),

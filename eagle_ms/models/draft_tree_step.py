@@ -207,11 +207,10 @@ class DraftTreeStep(FixedSignatureCall, nn.Cell):
 
     def kernel_tree(self, logprob, target_ids, hidden, length, caches):
         """Depths 1..D-1 in one kernel (``cpu_kernels.DraftTree``) from the root pair's top-K [B, K] and hidden
-        [B, H] at L' [B]: the candidate tables (scores [B, C], ints [B, 3, C]) for ``growth.finish``."""
-        positions = length.reshape(-1, 1) + self.depth_offsets               # [B, D-1]: L'-1+t
-        cos, sin = self.draft.midlayer.self_attn.head_tables(*self.draft.rotary(positions))  # [B, D-1, Dh]
-        return self.tree_kernel(logprob, target_ids.astype(ms.int32), hidden, length.astype(ms.int32), cos, sin,
-                                *caches, self.tree_settings, self.growth.cut,
+        [B, H] at L' [B]: the candidate tables (scores [B, C], ints [B, 3, C]) for ``growth.finish``. Depth t's
+        rows are at position L'-1+t; the kernel makes their rotary tables from ``Rotary.inv_freq``."""
+        return self.tree_kernel(logprob, target_ids.astype(ms.int32), hidden, length.astype(ms.int32),
+                                self.draft.rotary.inv_freq, *caches, self.tree_settings, self.growth.cut,
                                 self.growth.start_layout, *self.draft.kernel_weights())
 
     def frontier_inputs(self, hidden, mask, parent_rows, depth: int):

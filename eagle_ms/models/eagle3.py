@@ -322,18 +322,18 @@ class Eagle3Draft(nn.Cell):
         ((logprob, ids, hidden) as ``step`` does, the updated caches (k, v) [B*Hkv*S, Dh]: reading them orders
         a read after the write)."""
         attn = self.midlayer.self_attn
-        cos, sin = attn.head_tables(*self.rotary(position_ids))             # [B, N, Dh] each
+        positions, inv_freq = position_ids.astype(ms.int32), self.rotary.inv_freq  # tables made in the kernel
         weights = self.kernel_weights()
         b, n = input_ids.shape
         ids = input_ids.astype(ms.int32)
         real = ops.ones((b,), ms.int32) * n if real_rows is None else real_rows.astype(ms.int32)
         if extend:
             fc = self.fc.weight if self.half_matrices is None else self.half_matrices.fc
-            q, k, v, feature = self.extend_front_kernel(ids, features.astype(ms.float32), cos, sin, real, fc,
-                                                        *weights)
+            q, k, v, feature = self.extend_front_kernel(ids, features.astype(ms.float32), positions, inv_freq,
+                                                        real, fc, *weights)
         else:
             feature = features.astype(ms.float32)
-            q, k, v = self.front_kernel(ids, feature, cos, sin, real, *weights)
+            q, k, v = self.front_kernel(ids, feature, positions, inv_freq, real, *weights)
         caches = attn.kv_cache.write(k, v, flat_rows(cache_slots, self.config.num_key_value_heads, self.capacity))
         first = ops.zeros((b,), ms.int32) if first_row is None else first_row.astype(ms.int32)
         return self.back_kernel(q, feature, attn_mask, real, first, *caches, *weights), caches

@@ -71,6 +71,22 @@ void silu_mul_row(const float *gate, const float *up, int64_t inter, float *y) {
   for (int64_t j = 0; j < inter; ++j) y[j] = gate[j] / (1.0f + exp_approx(-gate[j])) * up[j];
 }
 
+// The rotary tables of one position, as ``layers.Rotary`` makes them (sin signed for rotate-half): angle_i =
+// float(position) * inv_freq[i] for i < D/2 (Rotary's float32 product), cos = [cos a, cos a], sin = [-sin a,
+// sin a], with the C library's float cos and sin. Those may differ in the last bit from MindSpore's Cos and
+// Sin kernels, so every path whose bits must agree (the draft's expand kernels and its tree kernel) takes its
+// tables from here.
+void rope_tables(int64_t position, const float *inv_freq, int64_t d, float *cos, float *sin) {
+  const int64_t half = d / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const float angle = static_cast<float>(position) * inv_freq[i];
+    const float c = std::cos(angle), s = std::sin(angle);
+    cos[i] = cos[i + half] = c;
+    sin[i] = -s;
+    sin[i + half] = s;
+  }
+}
+
 // One head of RoPE (``RopeSplit``): x = xh + bias, out = x*cos + swap_halves(x)*sin (sin carries rotate-half's
 // sign, as ``layers.Rotary`` makes it); d even, d <= 1024.
 void rope_head(const float *xh, const float *bias, const float *c, const float *s, int64_t d, float *out) {
