@@ -97,3 +97,12 @@ def leaves(parents) -> list[int]:
 def rel_err(a: np.ndarray, b: np.ndarray) -> float:
     """max |a - b| / max(max |b|, 1e-6)."""
     return float(np.max(np.abs(np.asarray(a, np.float64) - b)) / max(float(np.max(np.abs(b))), 1e-6))
+
+
+def float16_matrices(state: dict, cfg) -> dict:
+    """A draft ``state`` with every weight matrix rounded to float16 (values float16 holds exactly, kept in
+    float32, as the shipped draft's): the weights a draft with ``kernel_weight_dtype`` 'float16' accepts."""
+    from eagle_ms.draft_weights import matrix_keys
+
+    keys = set(matrix_keys(cfg))
+    return {k: v.astype(np.float16).astype(np.float32) if k in keys else v for k, v in state.items()}

@@ -23,7 +23,7 @@ from mindspore import Tensor, nn
 
 from eagle_ms.device_drafter import DeviceTree, DeviceTreeDrafter, HostTree, no_step_result
 from eagle_ms.draft_tree_check import DraftTreeMismatch, check_device_tree, compare_trees, host_tree
-from eagle_ms.draft_weights import check_draft_state, load_draft_state, matrix_keys, random_draft_state
+from eagle_ms.draft_weights import check_draft_state, load_draft_state, random_draft_state
 from eagle_ms.drafting import TreeParams, build_tree
 from eagle_ms.eagle3_drafter import Eagle3Drafter, scratch_size
 from eagle_ms.models.draft_tree_step import DraftTreeStep, result_width, token_columns
@@ -32,6 +32,7 @@ from eagle_ms.models.tree_graph import TreeGrowth, stable_rank
 from eagle_ms.models.tree_kernels import KernelTreeGrowth
 from eagle_ms.tree import chain_first
 from eagle_ms.tree_checks import check_invariants
+from helpers_models import float16_matrices
 
 
 def pack_result_numpy(rows, max_depth):
@@ -174,7 +175,7 @@ def draft_state(tied: bool, half: bool = False):
     rounded to float16 (values float16 holds exactly, as the shipped draft's)."""
     state = check_draft_state(random_draft_state(CFG, seed=5, std=0.35), CFG)
     if half:
-        state = {k: v.astype(np.float16).astype(np.float32) if k in matrix_keys(CFG) else v for k, v in state.items()}
+        state = float16_matrices(state, CFG)
     if tied:  # lm_head rows in identical pairs: every log-prob ties exactly with its twin's
         head = state["lm_head.weight"].copy()
         head[1::2] = head[0::2]

@@ -21,9 +21,9 @@ from mindspore import Tensor
 
 from eagle_ms.draft_weights import draft_to_target, random_draft_state
 from eagle_ms.models.eagle3 import KERNEL_EXTEND_ROWS, Eagle3Config, Eagle3Draft, Eagle3Expand
-from eagle_ms.draft_weights import check_draft_state, load_draft_state, matrix_keys
+from eagle_ms.draft_weights import check_draft_state, load_draft_state
 from eagle_ms.safetensors_format import CheckpointError
-from helpers_models import TINY, build_teacher
+from helpers_models import TINY, build_teacher, float16_matrices
 
 TOL = 1e-4
 
@@ -99,11 +99,6 @@ def full_target_logprob(values, ids, vocab):
 
 # ----------------------------------------------------------------------------- fixtures
 
-def as_float16(state, cfg):
-    """``state`` with every weight matrix rounded to float16 (values float16 holds exactly, in float32)."""
-    return {k: v.astype(np.float16).astype(np.float32) if k in matrix_keys(cfg) else v for k, v in state.items()}
-
-
 class Built:
     def __init__(self, name, top_k=None, kernel_weight_dtype="float32"):
         """``name``: a CONFIGS key, with ``:cpu`` for the draft built with the fused CPU kernels.
@@ -113,7 +108,7 @@ class Built:
         self.cfg = cfg
         self.state = check_draft_state(random_draft_state(cfg, seed=3, std=0.3), cfg)
         if kernel_weight_dtype == "float16":
-            self.state = as_float16(self.state, cfg)
+            self.state = float16_matrices(self.state, cfg)
         self.embed = np.random.default_rng(4).standard_normal((cfg.vocab_size, cfg.hidden_size)).astype(np.float32)
         self.draft = Eagle3Draft(cfg, 1, CAPACITY, top_k or cfg.draft_vocab_size, kernels=kernels or "composite",
                                  kernel_weight_dtype=kernel_weight_dtype)

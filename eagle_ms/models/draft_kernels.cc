@@ -298,9 +298,10 @@ int front_rows(const DraftLayer &L, void **params, int *ndims, int64_t **shapes,
     const int64_t m = real_rows(real, bi, n);
     std::vector<const float *> cos(m), sin(m);
     for (int64_t r = 0; r < m; ++r) {
-      cos[r] = tables.data() + 2 * r * d;
-      sin[r] = cos[r] + d;
-      rope_tables(positions[bi * n + r], inv_freq, d, tables.data() + 2 * r * d, tables.data() + (2 * r + 1) * d);
+      float *table = tables.data() + 2 * r * d;
+      rope_tables(positions[bi * n + r], inv_freq, d, table, table + d);
+      cos[r] = table;
+      sin[r] = table + d;
     }
     if (!layer_front(L, m, ids + bi * n, features + bi * n * L.h, cos.data(), sin.data(), rows,
                      k + bi * n * L.hkv * d, v + bi * n * L.hkv * d))

@@ -328,7 +328,7 @@ class Eagle3Draft(nn.Cell):
         ids = input_ids.astype(ms.int32)
         real = ops.ones((b,), ms.int32) * n if real_rows is None else real_rows.astype(ms.int32)
         if extend:
-            fc = self.fc.weight if self.half_matrices is None else self.half_matrices.fc
+            fc = self.kernel_matrices()[0]
             q, k, v, feature = self.extend_front_kernel(ids, features.astype(ms.float32), positions, inv_freq,
                                                         real, fc, *weights)
         else:
@@ -344,11 +344,15 @@ class Eagle3Draft(nn.Cell):
         the final norm, lm_head, d2t, eps [1], the score scale per KV head [Hkv]; the matrices as float16 copies
         with ``kernel_weight_dtype`` 'float16'."""
         mid, attn = self.midlayer, self.midlayer.self_attn
-        source = self.float_matrices() if self.half_matrices is None else self.half_matrices.matrices()
-        _, qkv, o, gate_up, down, lm_head = source
+        _, qkv, o, gate_up, down, lm_head = self.kernel_matrices()
         return (self.embed_tokens.weight, mid.input_layernorm.weight, mid.hidden_norm.weight, qkv, attn.qkv_bias, o,
                 mid.post_attention_layernorm.weight, gate_up, down, self.norm.weight, lm_head, self.d2t,
                 mid.eps_tensor, attn.attn.kv_head_scales)
+
+    def kernel_matrices(self):
+        """The weight matrices the layer kernels read (``float_matrices`` order): the float16 copies with
+        ``kernel_weight_dtype`` 'float16', else the float32 Parameters."""
+        return self.float_matrices() if self.half_matrices is None else self.half_matrices.matrices()
 
     def float_matrices(self):
         """The weight matrices the layer kernels stream, as Parameters: fc [3Ht, H], qkv [2H, (Hq+2Hkv)D],
