@@ -5,8 +5,10 @@ one small int read (the packed result, eagle_ms/models/step_result.py) instead o
 ``DeviceVerifier`` owns one ``VerifyStep`` (trees, N = budget + 1) and one ``DecodeStep`` (teacher-only
 and fallback steps: the root alone) per attention window of the ``TeacherRunner``, picks the window
 as ``TeacherRunner.attention_width(L + N)`` does, and commits through the runner's ``BranchCache``
-(``commit_by_path`` on the node ids it reads: L += A + 1, and only an accepted path out of slot order
-moves K/V rows, with one call of the model's ``CacheMover`` graph; the chain-first prefix moves nothing).
+(L += A + 1; only an accepted path out of slot order moves K/V rows, the chain-first prefix moves
+nothing). With the fused CPU kernels the verify graph moves them itself, in its acceptance kernel
+(``VerifyStep.commits``; ``BranchCache.commit_moved``); otherwise the host calls the model's
+``CacheMover`` graph (``BranchCache.commit_by_path``).
 
 Tree inputs come from host ``tree.tensorize`` (``TreeInputs.from_tree``) or straight from the draft
 graph's outputs (``TreeInputs(...)`` over its device tensors, which the host never reads). Reference mode
@@ -77,8 +79,8 @@ class DeviceStep:
 
 
 class DeviceVerifier:
-    """Verify + accept in one graph call per step (+ a CacheMover call for an out-of-order path), over a
-    TeacherRunner's teacher and cache."""
+    """Verify + accept (+ commit, with the CPU kernels) in one graph call per step, over a TeacherRunner's
+    teacher and cache; without the kernels an out-of-order path costs a CacheMover call."""
 
     def __init__(self, runner: TeacherRunner, max_depth: int, reference: bool = False,
                  sampling: SamplingParams = GREEDY):
@@ -93,6 +95,7 @@ class DeviceVerifier:
         self.steps: dict[tuple[int, int], VerifyStep] = {}  # (window, N) -> graph, built on first use
         self.decode_steps = {w: DecodeStep(runner.model, max_depth, w, reference, sampling)
                              for w in runner.attention_windows}
+        self.commits_in_graph = runner.model.kernels == "cpu"  # == VerifyStep.commits of every verify graph
 
     def verify_step(self, window: int, nodes: int) -> VerifyStep:
         """The verify graph of attention window ``window`` for trees of ``nodes`` = N rows (one graph per
@@ -101,6 +104,7 @@ class DeviceVerifier:
         key = (window, nodes)
         if key not in self.steps:
             self.steps[key] = VerifyStep(self.runner.model, self.max_depth, window, self.reference, self.sampling)
+            assert self.steps[key].commits == self.commits_in_graph
         return self.steps[key]
 
     def _call(self, tree: TreeInputs):
@@ -141,13 +145,15 @@ class DeviceVerifier:
     def read_step(self, outputs, host: TreeTensors | None) -> DeviceStep:
         """Read the packed result (the one host read of a step); in reference mode check it against
         ``greedy_accept`` on the graph's per-node choices when the ``host`` tree is known; advance the
-        runner's committed length by A + 1, moving K/V rows only for a path out of slot order."""
+        runner's committed length by A + 1; a path out of slot order has its K/V rows moved by the graph
+        (``commits_in_graph``) or here by the model's CacheMover."""
         (packed,) = unpack_result(outputs[0].asnumpy())
         argmax = outputs[2].asnumpy()[0] if self.reference else None
         if argmax is not None and host is not None:
             _check_against_host(host, argmax, packed)
         a = packed.accepted_len
-        copied = self.runner.cache.commit_by_path(packed.node_ids)
+        cache = self.runner.cache
+        copied = cache.commit_moved(packed.node_ids) if self.commits_in_graph else cache.commit_by_path(packed.node_ids)
         return DeviceStep(a, packed.tokens, packed.node_ids, copied, outputs[0], outputs[1], argmax)
 
     def aux_rows(self, step: DeviceStep) -> np.ndarray:

@@ -23,9 +23,9 @@ WEIGHT_STD = 0.3
 
 
 def build_teacher(capacity: int, backend: str = "eager", seed: int = 0, cfg: ModelConfig = TINY,
-                  state: dict[str, np.ndarray] | None = None, std: float = WEIGHT_STD):
+                  state: dict[str, np.ndarray] | None = None, std: float = WEIGHT_STD, kernels: str = "composite"):
     """A seeded tiny PanguForCausalLM (batch 1) with its weights set; returns (model, state)."""
-    model = PanguForCausalLM(cfg, 1, capacity, backend)
+    model = PanguForCausalLM(cfg, 1, capacity, backend, kernels=kernels)
     if state is None:
         state = random_teacher_state(cfg, seed, std)
     load_state(model, state)

@@ -29,6 +29,7 @@ from eagle_ms.eagle3_drafter import Eagle3Drafter, scratch_size
 from eagle_ms.models.draft_tree_step import DraftTreeStep, result_width, token_columns
 from eagle_ms.models.eagle3 import Eagle3Config, Eagle3Draft
 from eagle_ms.models.tree_graph import TreeGrowth, stable_rank
+from eagle_ms.models import cpu_kernels
 from eagle_ms.models.tree_kernels import KernelTreeGrowth
 from eagle_ms.tree import chain_first
 from eagle_ms.tree_checks import check_invariants
@@ -167,7 +168,10 @@ CASES = {  # name: (TreeParams, context_window, attention windows); a covering s
     "M8-D1-k4": (TreeParams(8, 1, 4), None, None),  # no expansion; 4 candidates < M: padding
     "M4-D4-k1-min_path_prob": (TreeParams(4, 4, 1, min_path_prob=0.2), None, None),
 }
-CAP = C + max(scratch_size(p, CHUNK) for p, _, _ in CASES.values())
+# the CPU kernels' early-stop cases: M 6 of 30 candidates (random drafts: every tree stops early), M 16 of
+# 14 candidates (the budget is never reached: every depth runs)
+CASES_KERNELS_ONLY = {"M6-D8-k2": (TreeParams(6, 8, 2), None, None), "M16-D4-k2": (TreeParams(16, 4, 2), None, None)}
+CAP = C + max(scratch_size(p, CHUNK) for p, _, _ in [*CASES.values(), *CASES_KERNELS_ONLY.values()])
 
 
 def draft_state(tied: bool, half: bool = False):
@@ -203,7 +207,7 @@ class Setup:
         load_draft_state(self.draft, draft_state(tied, self.half if half is None else half), embed=self.embed)
 
     def drafters(self, case):
-        params, window, windows = CASES[case]
+        params, window, windows = {**CASES, **CASES_KERNELS_ONLY}[case]
         host = Eagle3Drafter(self.draft, params, C, CHUNK, window, attention_windows=windows)
         if case not in self.devices:  # one DeviceTreeDrafter per case keeps its compiled graphs
             self.devices[case] = DeviceTreeDrafter(
@@ -337,6 +341,47 @@ def test_device_tree_with_the_cpu_kernels_equals_host_path(kernel_setup, case):
             kernel_setup.load(tied=False)
         assert sum(sibling_ties(t) for t in trees) > len(trees), "the ties did not reach the trees"
     assert all(isinstance(g.growth, KernelTreeGrowth) and g.tree_kernel is not None for g in device.steps.values())
+
+
+@pytest.mark.parametrize("case, stops", [("M6-D8-k2", True), ("M16-D4-k2", False)])
+def test_draft_tree_kernel_stops_early_as_the_host_path(kernel_setup, case, stops):
+    """``DraftTree``'s exact early stop (draft_kernels.cc ``tree_can_stop``) against the host path's
+    ``build_tree``: where the host stops before the last depth on every step (M 6) and where it never can
+    (M 16 > the 14 candidates), the device tree equals the host path's at every step."""
+    params = CASES_KERNELS_ONLY[case][0]
+    host, device = kernel_setup.drafters(case)
+    calls = []
+    propose = host.propose
+
+    def counted(root, tree_params=None):
+        tree = propose(root, tree_params)
+        calls.append(host.last.expand_calls)
+        return tree
+
+    host.propose = counted
+    drive(kernel_setup, host, device, seed=91, events=events_for(params.max_depth))
+    assert calls and all((c < params.max_depth - 1) == stops for c in calls), calls
+    # the kernel itself stops: from the last state, its tables with budget M against budget C + 1 (no stop)
+    graph, k = next(iter(device.steps.values())), params.top_k
+    c = k + (params.max_depth - 1) * k * k
+    early, full = (_draft_tree_tables(kernel_setup.draft, graph, host.length, budget) for budget in (params.budget, c + 1))
+    grown = int(early[1][0, 2].sum())                      # valid candidates = k + (depths run) * k^2
+    assert grown == k + host.last.expand_calls * k * k and (grown < c) == stops
+    np.testing.assert_array_equal(early[0][:, :grown], full[0][:, :grown])
+    np.testing.assert_array_equal(early[1][:, :, :grown], full[1][:, :, :grown])
+    assert not early[1][0, 2, grown:].any() and (early[1][0, 1, grown:] == -1).all()  # empty: never kept
+
+
+def _draft_tree_tables(draft, graph, length, budget):
+    """The ``DraftTree`` kernel's candidate tables (scores [1, C], ints [1, 3, C]) from the draft's stored root
+    pair at committed length ``length``, as ``graph`` (a DraftTreeStep) calls it, with the budget ``budget``."""
+    scratch, window, _ = graph.tree_settings.asnumpy().tolist()
+    pair, cache = draft.root_pair, draft.midlayer.self_attn.kv_cache
+    out = cpu_kernels.draft_tree_op()(
+        pair.logprob, pair.target_ids, pair.hidden, Tensor(np.array([length], np.int32)), draft.rotary.inv_freq,
+        cache.k_cache, cache.v_cache, Tensor(np.array([scratch, window, budget], np.int32)), graph.growth.cut,
+        graph.growth.start_layout, *draft.kernel_weights())
+    return [x.asnumpy() for x in out]
 
 
 def test_float16_weight_copies_draft_the_float32_kernels_trees(kernel_setup):

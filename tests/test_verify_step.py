@@ -14,6 +14,7 @@ import mindspore as ms
 from mindspore import Tensor, nn
 
 import eagle_ms.models.attention as attention
+from eagle_ms.cache import path_move_slots
 from eagle_ms.device_verify import DeviceAcceptMismatch, DeviceVerifier, TreeInputs, _check_against_host
 from eagle_ms.generate import DecodeSettings, generate
 from eagle_ms.host_step import redecoded_rows
@@ -35,14 +36,26 @@ AUX = 3 * TINY.hidden_size
 CHAIN_STAR = [0, 1, 2, 3, 0, 0, 0, 0]  # nodes 1..4 a chain, 5..8 children of the root
 
 
-@pytest.fixture(scope="module")
-def device():
-    """One teacher, its host runner and a warmed performance-mode DeviceVerifier over the same cache."""
-    model, _ = build_teacher(CAPACITY, seed=11)
+def _device(kernels):
+    model, _ = build_teacher(CAPACITY, seed=11, kernels=kernels)
     runner = TeacherRunner(model, 8, MAX_DEPTH + 1, attention_windows=WINDOWS)
     verifier = DeviceVerifier(runner, MAX_DEPTH)
     verifier.warm_up([1, N])
     return runner, verifier, compile_counts(verifier)
+
+
+@pytest.fixture(scope="module")
+def device():
+    """One teacher, its host runner and a warmed performance-mode DeviceVerifier over the same cache
+    (composite layers: the host commits an out-of-order path with the CacheMover graph)."""
+    return _device("composite")
+
+
+@pytest.fixture(scope="module")
+def device_kernels():
+    """The same with the fused CPU kernels: the verify graph commits out-of-order paths itself
+    (``GreedyAccept`` moves the K/V rows in place); the host path it is compared with uses the CacheMover."""
+    return _device("cpu")
 
 
 def compile_counts(verifier) -> dict:
@@ -164,7 +177,8 @@ def test_greedy_accept_kernel_equals_device_accept_and_greedy_accept():
     trees, tables = _crafted_batch(rng, 64, budget, depth, vocab=3)
     stack = [np.stack([getattr(t, f) for t in trees]) for f in ("tokens", "paths", "path_lengths")]
     result, aux_rows = (x.asnumpy() for x in cpu_kernels.greedy_accept_op()(
-        Tensor(stack[0]), Tensor(tables), Tensor(stack[1]), Tensor(stack[2])))
+        Tensor(stack[0]), Tensor(tables), Tensor(stack[1]), Tensor(stack[2]), Tensor(np.zeros(len(trees), np.int32)),
+        Tensor(np.array([1, budget + 1], np.int32))))  # no caches: acceptance only
     a, emitted, node_ids = (x.asnumpy() for x in DeviceAccept(depth)(Tensor(stack[0]), Tensor(tables),
                                                                      Tensor(stack[1]), Tensor(stack[2])))
     np.testing.assert_array_equal(result, pack_result_numpy(
@@ -174,6 +188,38 @@ def test_greedy_accept_kernel_equals_device_accept_and_greedy_accept():
     assert lengths == set(range(depth + 1))
     assert all(unpack_result(result[b:b + 1])[0].accepted_len == greedy_accept(t, tables[b]).accepted_len
                for b, t in enumerate(trees))
+
+
+def test_greedy_accept_kernel_commits_by_path_in_place():
+    """With caches, the kernel moves slot L + n_i to L + i (i = 1..A) in every cache, in place, for every
+    batch row: == ``cache.path_move_slots`` applied with NumPy; rows outside the moves keep their bytes; a
+    path running past the cache is refused (nothing moved)."""
+    rng = np.random.default_rng(2)
+    budget, depth, batch, hkv, slots, dh = 12, 5, 16, 2, 40, 8
+    trees, tables = _crafted_batch(rng, batch, budget, depth, vocab=3)
+    stack = [np.stack([getattr(t, f) for t in trees]) for f in ("tokens", "paths", "path_lengths")]
+    lengths = rng.integers(0, slots - budget, batch).astype(np.int32)
+    caches = [rng.standard_normal((batch * hkv * slots, dh)).astype(np.float32) for _ in range(3)]
+    params = [ms.Parameter(Tensor(c.copy()), name=f"c{i}") for i, c in enumerate(caches)]
+    op = cpu_kernels.greedy_accept_op()
+    args = [Tensor(stack[0]), Tensor(tables), Tensor(stack[1]), Tensor(stack[2])]
+    result = op(*args, Tensor(lengths), Tensor(np.array([hkv, slots], np.int32)), *params)[0].asnumpy()
+    moved = 0
+    for b in range(batch):
+        node_ids = unpack_result(result[b:b + 1])[0].node_ids
+        moved += not np.array_equal(node_ids, np.arange(node_ids.size))
+        src, dst = path_move_slots(int(lengths[b]), node_ids, depth + 1, slots)
+        for c in caches:
+            heads = c.reshape(batch, hkv, slots, dh)[b]
+            heads[:, dst] = heads[:, src].copy()
+    assert moved > 0
+    for want, got in zip(caches, params):
+        assert got.asnumpy().tobytes() == want.tobytes()
+    before = [p.asnumpy().copy() for p in params]
+    with pytest.raises(RuntimeError):
+        op(*args, Tensor(np.full(batch, slots - 1, np.int32)), Tensor(np.array([hkv, slots], np.int32)),
+           *params)[0].asnumpy()
+    assert all(p.asnumpy().tobytes() == b.tobytes() for p, b in zip(params, before))
 
 
 # ------------------------------------------------------------------------------ in-graph mask
@@ -239,10 +285,12 @@ def _compare_step(runner, verifier, t):
     return step
 
 
-def test_verify_step_equals_host_path_to_capacity(device):
+@pytest.mark.parametrize("setup", ["device", "device_kernels"])
+def test_verify_step_equals_host_path_to_capacity(setup, request):
     """Oracle trees (out-of-order right children) until the cache is full: windows 32 then 64, N = 9
     steps, then decode steps (DecodeStep) near capacity; the step == the host path every time."""
-    runner, verifier, compiled = device
+    runner, verifier, compiled = request.getfixturevalue(setup)
+    assert verifier.commits_in_graph == (setup == "device_kernels")
     ids = prompt(1, 9)
     base = generate(runner, ids, DecodeSettings(max_new_tokens=CAPACITY, eos_token_id=None))
     drafter = OracleDrafter(base.tokens, TINY.vocab_size, BUDGET, MAX_DEPTH, seed=3)
@@ -264,12 +312,13 @@ def test_verify_step_equals_host_path_to_capacity(device):
     assert compile_counts(verifier) == compiled
 
 
+@pytest.mark.parametrize("setup", ["device", "device_kernels"])
 @pytest.mark.parametrize("path, parents, prompt_len", [
     ([0, 1, 2, 3], CHAIN_STAR, 9), ([0, 2, 6], binary_parents(BUDGET), 9), ([0, 1, 2, 3], CHAIN_STAR, CAPACITY - N), ([0, 1, 3, 7], binary_parents(BUDGET), CAPACITY - N)])
-def test_commit_of_the_true_continuation(device, path, parents, prompt_len):
+def test_commit_of_the_true_continuation(setup, request, path, parents, prompt_len):
     """The teacher's own continuation placed on ``path`` (in slot order or not), also with the branch
     region ending exactly at capacity: accepted along it, committed == sequential decoding."""
-    runner, verifier, _ = device
+    runner, verifier, _ = request.getfixturevalue(setup)
     ids = prompt(2, prompt_len)
     truth = generate(runner, ids, DecodeSettings(max_new_tokens=len(path) + 1, eos_token_id=None)).tokens
     runner.prefill(ids)

@@ -273,9 +273,9 @@ def draft_back_op(top_k: int):
 
 def draft_tree_op():
     """(root_logprob [B,K], root_ids [B,K] i32, root_hidden [B,H], length [B] i32, inv_freq [Dh/2], k_cache,
-    v_cache, settings [2] i32 (scratch X, context window or 0), cut [1] f32, layout [k,C] i32 (shape only),
-    then ``Eagle3Draft.kernel_weights()``) -> the candidate tables (scores [B,C] f32, ints [B,3,C] i32) after
-    every expansion depth (draft_kernels.cc ``DraftTree``)."""
+    v_cache, settings [3] i32 (scratch X, context window or 0, budget M), cut [1] f32, layout [k,C] i32 (shape
+    only), then ``Eagle3Draft.kernel_weights()``) -> the candidate tables (scores [B,C] f32, ints [B,3,C] i32)
+    after every expansion depth, or the exact early stop (draft_kernels.cc ``DraftTree``)."""
     import mindspore as ms
 
     def shapes(lp, ids, hidden, length, inv_freq, kc, vc, settings, cut, layout, *weights):
@@ -294,9 +294,11 @@ def verify_mask_op():
 
 
 def greedy_accept_op():
-    """(tokens [B,N] i32, argmax [B,N] i32, paths [B,P,D+1] i32, path_lengths [B,P] i32) -> (packed result
-    [B,2D+3] i32, aux_rows [B*(D+1)] i32): greedy acceptance (verify_kernels.cc ``GreedyAccept``)."""
-    def shapes(tokens, argmax, paths, lengths):
+    """(tokens [B,N] i32, argmax [B,N] i32, paths [B,P,D+1] i32, path_lengths [B,P] i32, committed_len [B] i32,
+    cache_shape [2] i32 = (Hkv, S), *caches [B*Hkv*S, Dh] f32) -> (packed result [B,2D+3] i32, aux_rows
+    [B*(D+1)] i32): greedy acceptance, and the commit by path done in place in the given caches
+    (verify_kernels.cc ``GreedyAccept``; no caches: acceptance only)."""
+    def shapes(tokens, argmax, paths, lengths, length, cache_shape, *caches):
         return [paths[0], 2 * paths[2] + 1], [paths[0] * paths[2]]
 
-    return _custom("GreedyAccept", shapes, lambda tokens, argmax, paths, lengths: (tokens, tokens))
+    return _custom("GreedyAccept", shapes, lambda tokens, *_: (tokens, tokens))

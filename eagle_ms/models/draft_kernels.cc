@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <iterator>
 #include <vector>
 
@@ -420,17 +421,36 @@ extern "C" int DraftBack(int nparam, void **params, int *ndims, int64_t **shapes
   return 0;
 }
 
+// True when no further depth can change the final top-``budget`` (eagle_ms/drafting.py ``_can_stop``, the
+// exact early stop): the frontier is dead (a min_path_prob cut made its children invalid), or at least
+// ``budget`` valid candidates of the first ``created`` already score >= the best frontier score. A later
+// candidate descends from the frontier, so its score is <= that bound (log p <= 0, float32 rounding is
+// monotone), and it is created after every existing one: on a tie it ranks below them.
+static bool tree_can_stop(const float *s, const int32_t *valid, int64_t created, const float *front_scores,
+                          const int32_t *front_ids, int64_t k, int64_t budget, std::vector<float> &scratch) {
+  if (valid[front_ids[0]] == 0) return true;
+  scratch.clear();
+  for (int64_t i = 0; i < created; ++i) {
+    if (valid[i]) scratch.push_back(s[i]);
+  }
+  if (static_cast<int64_t>(scratch.size()) < budget) return false;
+  std::nth_element(scratch.begin(), scratch.begin() + (budget - 1), scratch.end(), std::greater<float>());
+  return scratch[budget - 1] >= *std::max_element(front_scores, front_scores + k);
+}
+
 // DraftTree(root_logprob [B, K], root_ids [B, K] i32, root_hidden [B, H], length [B] i32, inv_freq [Dh/2],
-//           k_cache [B*Hkv*S, Dh], v_cache [B*Hkv*S, Dh], settings [2] i32, cut [1],
+//           k_cache [B*Hkv*S, Dh], v_cache [B*Hkv*S, Dh], settings [3] i32, cut [1],
 //           layout [k, C] i32 (shape only: C = k + (D-1)k^2 gives D), <the 14 weight inputs>)
 //   -> (scores [B, C], ints [B, 3, C] i32): the candidate tables of tree_kernels.cc after depths 1..D-1.
 // The device step's draft tree (eagle_ms/models/draft_tree_step.py, module doc steps 3-4 without the final
-// rerank, which ``TreeFinish`` does). settings = (X scratch slots, context window w or 0 = unbounded); L' =
-// length. Depth t (1..D-1) runs the layer over the k frontier rows: tokens the frontier's, features their
+// rerank, which ``TreeFinish`` does). settings = (X scratch slots, context window w or 0 = unbounded, the
+// budget M); L' = length. Depth t (1..D-1) runs the layer over the k frontier rows: tokens the frontier's, features their
 // parents' hidden (depth 1: root_hidden), position L'-1+t (its rotary tables from ``rope_tables``), scratch
 // slot (t-1)k + r; a row sees the committed pairs [max(L'-w, 0), L') (cache slots X + pair), its ancestors'
 // slots and its own, then ``tree_grow_row`` (cut: log min_path_prob or -inf). The tree's K/V stay in this
-// kernel's buffers.
+// kernel's buffers. Before each depth the exact early stop (``tree_can_stop``) ends the row's growth; the
+// candidates of the depths not run stay empty (invalid), which ``TreeFinish`` never keeps: the same tree as
+// running every depth.
 extern "C" int DraftTree(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                          void *, void *) {
   constexpr int kIn = 10 + kWeightInputs;
@@ -451,7 +471,7 @@ extern "C" int DraftTree(int nparam, void **params, int *ndims, int64_t **shapes
   if (k > top || element_count(ndims[1], shapes[1]) != b * top || element_count(ndims[2], shapes[2]) != b * L.h ||
       element_count(ndims[3], shapes[3]) != b || element_count(ndims[4], shapes[4]) != d / 2 ||
       shapes[5][0] != b * L.hkv * slots_per || element_count(ndims[6], shapes[6]) != shapes[5][0] * d ||
-      element_count(ndims[7], shapes[7]) != 2 || element_count(ndims[kIn], shapes[kIn]) != b * c ||
+      element_count(ndims[7], shapes[7]) != 3 || element_count(ndims[kIn], shapes[kIn]) != b * c ||
       element_count(ndims[kIn + 1], shapes[kIn + 1]) != b * 3 * c)
     return 3;
   const float *root_lp = static_cast<const float *>(params[0]), *root_hidden = static_cast<const float *>(params[2]);
@@ -462,13 +482,13 @@ extern "C" int DraftTree(int nparam, void **params, int *ndims, int64_t **shapes
   const float cut = *static_cast<const float *>(params[8]);
   float *scores = static_cast<float *>(params[kIn]);
   int32_t *ints = static_cast<int32_t *>(params[kIn + 1]);
-  const int64_t scratch = settings[0], window = settings[1];
-  if (scratch < (depths - 1) * k) return 3;
+  const int64_t scratch = settings[0], window = settings[1], budget = settings[2];
+  if (scratch < (depths - 1) * k || budget < 1) return 3;
   LayerRows rows(L, k);
   std::vector<float> p, feats(k * L.h), hidden(k * L.h), logprob(k * top), tree_k(k * L.hkv * d);
   std::vector<float> tree_values(std::max<int64_t>(depths - 1, 1) * k * L.hkv * d);  // the tree's V [slot, Hkv, D]
   std::vector<int32_t> ids(k * top), tokens(k), parent_rows(k), front_ids(k), next_ids(k);
-  std::vector<float> front_scores(k), next_scores(k), table_cos(d), table_sin(d);
+  std::vector<float> front_scores(k), next_scores(k), table_cos(d), table_sin(d), ranked;
   for (int64_t bi = 0; bi < b; ++bi) {
     const int64_t len = length[bi], lo = window > 0 ? std::max<int64_t>(len - window, 0) : 0;
     const int64_t used = scratch + len;  // committed pairs end at slot X + L' - 1
@@ -491,6 +511,9 @@ extern "C" int DraftTree(int nparam, void **params, int *ndims, int64_t **shapes
                    tokens.data());
     for (int64_t r = 0; r < k; ++r) std::copy(root_hidden + bi * L.h, root_hidden + (bi + 1) * L.h, feats.begin() + r * L.h);
     for (int64_t t = 1; t < depths; ++t) {
+      if (tree_can_stop(s, table + kValid * c, k + (t - 1) * k * k, front_scores.data(), front_ids.data(), k, budget,
+                        ranked))
+        break;
       rope_tables(len - 1 + t, inv_freq, d, table_cos.data(), table_sin.data());
       std::vector<const float *> cos(k, table_cos.data()), sin(k, table_sin.data());
       std::vector<const uint8_t *> keep(k);

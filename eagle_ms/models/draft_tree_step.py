@@ -115,7 +115,7 @@ class DraftTreeStep(FixedSignatureCall, nn.Cell):
         self.own = [Tensor((np.arange(self.width) == s[:, None])[None]) for s in slots]  # [1, k, X+W] bool
         # the fused CPU kernels with attention over the cache in place: every expansion depth in one kernel
         self.tree_kernel = cpu_kernels.draft_tree_op() if draft.midlayer.self_attn.window_in_place else None
-        self.tree_settings = Tensor(np.array([self.scratch, context_window or 0], np.int32))
+        self.tree_settings = Tensor(np.array([self.scratch, context_window or 0, params.budget], np.int32))
         self.extend_kernel = fused_kernel(draft.kernels, cpu_kernels.extend_inputs_op)
         self.root_kernel = fused_kernel(draft.kernels, cpu_kernels.root_pair_op)
         self.extend_settings = Tensor(np.array([self.scratch, draft.capacity, context_window or 0], np.int32))

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 import mindspore as ms
-from mindspore import Tensor, nn, ops
+from mindspore import ParameterTuple, Tensor, nn, ops
 
 from eagle_ms.config import GREEDY, SamplingParams
 from eagle_ms.models import cpu_kernels
@@ -138,6 +138,15 @@ class VerifyStep(FixedSignatureCall, TeacherStep):
         self.mask_kernel = fused_kernel(teacher.kernels, cpu_kernels.verify_mask_op)
         self.accept_kernel = fused_kernel(teacher.kernels, cpu_kernels.greedy_accept_op)
         self.window_layout = Tensor(np.zeros(window, np.int32))  # its shape tells VerifyMask W
+        # the kernel also commits by path in place: every layer's K and V, flat layout (Hkv, S)
+        self.cache_shape = Tensor(np.array([self.num_kv_heads, self.capacity], np.int32))
+        self.caches = ParameterTuple([p for c in teacher.caches() for p in (c.k_cache, c.v_cache)])
+
+    @property
+    def commits(self) -> bool:
+        """True when the graph itself moves an out-of-order accepted path's K/V to [L, L+A+1) (the fused
+        CPU kernels); else the host commits with the model's ``CacheMover`` (eagle_ms/cache.py)."""
+        return self.accept_kernel is not None
 
     def construct(self, tokens, position_ids, tree_mask, paths, path_lengths, committed_len):
         b, n = tokens.shape
@@ -150,16 +159,18 @@ class VerifyStep(FixedSignatureCall, TeacherStep):
         hidden, aux = self.teacher.hidden_states(tokens, position_ids, rows, allowed)  # [B,N,H], [B,N,3Ht]
         # the teacher's token after node k, at position position_ids[k] + 1: argmax or the keyed sample
         argmax = self.choose(self.teacher.lm_logits(hidden), position_ids + 1)       # [B, N] int32
-        result, accepted_aux = self.accept_rows(tokens, argmax, aux, paths, path_lengths)
+        result, accepted_aux = self.accept_rows(tokens, argmax, aux, paths, path_lengths, committed_len)
         if self.reference:
             return result, accepted_aux, argmax
         return result, accepted_aux
 
-    def accept_rows(self, tokens, argmax, aux, paths, path_lengths):
-        """N > 1: DeviceAccept, packed, and the accepted nodes' aux rows [B, D+1, 3Ht]."""
+    def accept_rows(self, tokens, argmax, aux, paths, path_lengths, committed_len):
+        """N > 1: DeviceAccept, packed, and the accepted nodes' aux rows [B, D+1, 3Ht]; with the kernel also
+        the commit by path (``commits``)."""
         b, n = tokens.shape
         if self.accept_kernel is not None:
-            result, flat = self.accept_kernel(tokens, argmax, paths, path_lengths)
+            result, flat = self.accept_kernel(tokens, argmax, paths, path_lengths, committed_len, self.cache_shape,
+                                              *self.caches)
         else:
             accepted, emitted, node_ids = self.accept(tokens, argmax, paths, path_lengths)
             flat = (ops.arange(b, dtype=ms.int32).reshape(b, 1) * n + node_ids).reshape(-1)
