@@ -12,7 +12,7 @@ and, end to end, by every lossless and reference-mode test (runtime.kernels auto
 import numpy as np
 import pytest
 
-from mindspore import Tensor, nn
+from mindspore import Parameter, Tensor, nn
 
 from eagle_ms.drafting import TreeParams
 from eagle_ms.models import cpu_kernels
@@ -107,8 +107,9 @@ def test_finish_rejects_a_table_whose_parent_follows_its_child():
                Tensor(np.zeros((3, 3), np.int32)))
 
 
-def numpy_extend_inputs(result, committed_len, scratch, capacity, window, width):
-    """NumPy reference of the draft extend's rows (DraftTreeStep.extend's contract)."""
+def numpy_extend_inputs(result, committed_len, scratch, capacity, window, width, heads):
+    """NumPy reference of the draft extend's rows (DraftTreeStep.extend's contract): ids, positions, the flat
+    cache rows of their slots (order (b, row, head)), allowed, and (A, max(A + 1, 0), L + A + 1) per row."""
     b, rows = result.shape[0], (result.shape[1] - 1) // 2
     i = np.arange(rows)[None]
     start = committed_len[:, None]
@@ -120,7 +121,10 @@ def numpy_extend_inputs(result, committed_len, scratch, capacity, window, width)
     lo = np.maximum(upto - window, 0) if window else np.zeros_like(upto)
     pair = np.arange(width)[None, None] - scratch
     allowed = ((pair >= lo) & (pair < upto)) | (np.arange(width)[None, None] == slots[:, :, None])
-    return ids, positions, slots, allowed
+    batch_heads = np.arange(b)[:, None, None] * heads + np.arange(heads)[None, None, :]
+    flat = (batch_heads * capacity + slots[:, :, None]).reshape(-1)
+    a = result[:, 0]
+    return ids, positions, flat, allowed, a, np.maximum(a + 1, 0), committed_len + a + 1
 
 
 @pytest.mark.parametrize("window", [0, 3])
@@ -135,10 +139,11 @@ def test_extend_inputs_equal_numpy(window):
     committed_len = np.array([1, 5, 9, 14, 3], np.int32)
     capacity = scratch + 18  # row 3's last pair would be slot 6 + 14 + 4 = 24: clamped to 23
     settings = np.array([scratch, capacity, window], np.int32)
+    heads = 2
     got = cpu_kernels.extend_inputs_op()(Tensor(result), Tensor(committed_len), Tensor(settings),
-                                         Tensor(np.zeros(width, np.int32)))
-    want = numpy_extend_inputs(result, committed_len, scratch, capacity, window, width)
-    for name, g, w in zip(("ids", "positions", "slots", "allowed"), got, want):
+                                         Tensor(np.zeros(width, np.int32)), Tensor(np.zeros(heads, np.int32)))
+    want = numpy_extend_inputs(result, committed_len, scratch, capacity, window, width, heads)
+    for name, g, w in zip(("ids", "positions", "cache rows", "allowed", "A", "real rows", "L'"), got, want):
         np.testing.assert_array_equal(g.asnumpy(), w, err_msg=name)
 
 
@@ -154,9 +159,12 @@ def test_root_pair_takes_row_a_or_keeps_the_stored_pair():
     hidden = rng.standard_normal((3, d + 1, h)).astype(np.float32)
     stored = (rng.integers(0, 90, 3).astype(np.int32), rng.standard_normal((3, top)).astype(np.float32),
               rng.integers(0, 90, (3, top)).astype(np.int32), rng.standard_normal((3, h)).astype(np.float32))
-    got = [x.asnumpy() for x in cpu_kernels.root_pair_op()(*[Tensor(x) for x in (result, logprob, ids, hidden) + stored])]
+    params = [Parameter(Tensor(x.copy()), name=f"stored{i}") for i, x in enumerate(stored)]
+    got = [x.asnumpy() for x in cpu_kernels.root_pair_op()(*[Tensor(x) for x in (result, logprob, ids, hidden)],
+                                                              *params)]
     for b, a in enumerate(result[:, 0]):
         want = ((result[b, 1 + a], logprob[b, a], ids[b, a], hidden[b, a]) if a >= 0 else
                 tuple(s[b] for s in stored))
-        for g, w in zip(got, want):
+        for g, w, p in zip(got, want, params):
             np.testing.assert_array_equal(g[b], w)
+            np.testing.assert_array_equal(p.asnumpy()[b], w)  # the stored pair was overwritten in place

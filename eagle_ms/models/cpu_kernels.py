@@ -193,22 +193,26 @@ def tree_grow_op():
 
 
 def extend_inputs_op():
-    """(result [B,2D+3] i32, committed_len [B] i32, settings [3] i32 (scratch X, capacity, context window or 0),
-    columns [X+W] i32 (shape only)) -> (ids, positions, slots [B,D+1] i32, allowed [B,D+1,X+W] bool): the
-    draft extend's rows (tree_kernels.cc ``ExtendInputs``)."""
+    """(result [B,2D+3] i32, committed_len [B] i32, settings [3] i32 (scratch X, capacity S, context window or 0),
+    columns [X+W] i32 and heads [Hkv] i32 (shapes only)) -> (ids, positions [B,D+1] i32, flat cache rows
+    [B*(D+1)*Hkv] i32, allowed [B,D+1,X+W] bool, A [B] i32, real rows max(A+1, 0) [B] i32, L' = L + A + 1 [B]
+    i32): the draft extend's rows (tree_kernels.cc ``ExtendInputs``)."""
     import mindspore as ms
 
-    def shapes(result, length, settings, columns):
+    def shapes(result, length, settings, columns, heads):
         rows = [result[0], (result[1] - 1) // 2]
-        return rows, rows, rows, rows + [columns[0]]
+        batch = [result[0]]
+        return rows, rows, [rows[0] * rows[1] * heads[0]], rows + [columns[0]], batch, batch, batch
 
-    return _custom("ExtendInputs", shapes, lambda *_: (ms.int32, ms.int32, ms.int32, ms.bool_))
+    return _custom("ExtendInputs", shapes, lambda *_: (ms.int32, ms.int32, ms.int32, ms.bool_, ms.int32, ms.int32,
+                                                       ms.int32))
 
 
 def root_pair_op():
     """(result [B,2D+3] i32, logprob [B,D+1,K] f32, target_ids [B,D+1,K] i32, hidden [B,D+1,H] f32, then the
     stored token [B], logprob [B,K], target_ids [B,K], hidden [B,H]) -> the new root pair (token, logprob,
-    target_ids, hidden): extend row A's, or the stored one when A = -1 (tree_kernels.cc ``RootPair``)."""
+    target_ids, hidden): extend row A's, or the stored one when A = -1, also written over the stored pair in
+    place (tree_kernels.cc ``RootPair``)."""
     return _custom("RootPair", lambda result, lp, ids, hid, t, slp, sids, shid: (t, slp, sids, shid),
                    lambda result, lp, ids, hid, t, slp, sids, shid: (t, slp, sids, shid))
 

@@ -30,9 +30,13 @@ A depth's mask row is its parent row's plus its own scratch slot (the parent's r
 committed pairs and the parent's ancestors' slots), so each depth's inputs are two gathers and an or.
 With the fused CPU kernels (``Eagle3Draft.kernels`` 'cpu') step 3 is one kernel, ``DraftTree``
 (eagle_ms/models/draft_kernels.cc: every depth's layer, its attention over the cache read in place and the
-tree's own K/V kept in the kernel, and ``TreeGrowth.grow``'s bookkeeping), and step 4 is
+tree's own K/V kept in the kernel, ``TreeGrowth.grow``'s bookkeeping, and the exact early stop of
+``drafting.build_tree``: the depths that cannot change the tree are not run), and step 4 is
 ``KernelTreeGrowth.finish`` (eagle_ms/models/tree_kernels.py), with the same outputs: the host path's
 expand calls run the same layer code (``DraftFront``, ``DraftBack``), so the two trees are the same bits.
+The extend's row inputs, flat cache rows, A, max(A + 1, 0) and L' come from one kernel (``ExtendInputs``),
+and ``RootPair`` stores the root pair in place (no Assign kernels; docs/architecture.md § "Kernels that
+write Parameters, and the early stop in ``DraftTree``").
 Worked example (X = 24, L = 10, A = 2, D = 4): extend rows 0..2 write slots 34, 35, 36 (positions 10..12),
 rows 3, 4 write scratch slots 3, 4; L' = 13; depth-2 row 1 writes scratch slot k + 1 at position 13.
 
@@ -120,13 +124,14 @@ class DraftTreeStep(FixedSignatureCall, nn.Cell):
         self.root_kernel = fused_kernel(draft.kernels, cpu_kernels.root_pair_op)
         self.extend_settings = Tensor(np.array([self.scratch, draft.capacity, context_window or 0], np.int32))
         heads, b = draft.config.num_key_value_heads, draft.batch
+        self.head_layout = Tensor(np.zeros(heads, np.int32))  # its shape tells ExtendInputs Hkv
         self.cache_rows = [flat_rows(Tensor(np.tile(s[None], (b, 1)).astype(np.int32)), heads, draft.capacity)
                            for s in slots]                                    # [B*Hkv*k] int32 each
 
     def construct(self, result, accepted_aux, committed_len):
-        logprob, ids, hidden, caches = self.extend(result, accepted_aux, committed_len)
+        logprob, ids, hidden, caches, length = self.extend(result, accepted_aux, committed_len)
         root = self.root_pair(result, logprob, ids, hidden)
-        return self.draft_tree(root, committed_len + result[:, ACCEPTED_COLUMN] + 1, caches)
+        return self.draft_tree(root, length, caches)
 
     def visible(self, upto):
         """upto [B, n] -> [B, n, X+W] bool: committed pairs [lo, upto) with lo by ``context_window``."""
@@ -136,20 +141,17 @@ class DraftTreeStep(FixedSignatureCall, nn.Cell):
         return (pair >= lo) & (pair < upto)
 
     def extend(self, result, accepted_aux, committed_len):
-        """Commit pairs L .. L+A in one (D+1)-row extend call (module doc, step 1); its rows' inputs in one
-        kernel (``ExtendInputs``) with the fused CPU kernels, which also skip the padding rows (the draft's
-        ``real_rows``) and compute the layer's outputs for row A alone (the only row ``root_pair`` keeps)."""
-        if self.extend_kernel is not None:
-            ids, positions, slots, allowed = self.extend_kernel(result, committed_len, self.extend_settings,
-                                                                self.columns)
-            if self.draft.kernel_extends(self.d + 1):
-                accepted = result[:, ACCEPTED_COLUMN]                        # [B] rows 0..A are pairs
-                real = ops.maximum(accepted + 1, 0)
-                # only row A's outputs are kept (root_pair): the other rows only write their K/V
-                out, caches = self.draft.kernel_layer(True, ids, accepted_aux, positions, slots, allowed, real,
-                                                      accepted)
-                return (*out, caches)
-            return (*self.draft(ids, accepted_aux, positions, slots, allowed), self.cache_parameters())
+        """Commit pairs L .. L+A in one (D+1)-row extend call (module doc, step 1); returns (logprob, ids,
+        hidden, the caches the tree reads, L' = L + A + 1 [B]). With the fused CPU kernels the rows' inputs,
+        their flat cache rows, A, max(A + 1, 0) and L' come from one kernel (``ExtendInputs``), and the layer
+        kernels skip the padding rows (the draft's ``real_rows``) and compute the layer's outputs for row A
+        alone (the only row ``root_pair`` keeps)."""
+        if self.extend_kernel is not None and self.draft.kernel_extends(self.d + 1):
+            ids, positions, rows, allowed, accepted, real, length = self.extend_kernel(
+                result, committed_len, self.extend_settings, self.columns, self.head_layout)
+            # only row A's outputs are kept (root_pair): the other rows only write their K/V
+            out, caches = self.draft.kernel_layer(True, ids, accepted_aux, positions, rows, allowed, real, accepted)
+            return (*out, caches, length)
         accepted = result[:, ACCEPTED_COLUMN]                                # [B] A (-1: no step yet)
         emitted = result[:, token_columns(self.d)]                           # [B, D+1]
         b = emitted.shape[0]
@@ -161,7 +163,8 @@ class DraftTreeStep(FixedSignatureCall, nn.Cell):
         slots = ops.minimum(ops.where(real, self.scratch + start + rows, rows), self.draft.capacity - 1)
         own = self.columns[None, None, :] == slots[:, :, None]
         allowed = self.visible(ops.where(real, start + rows + 1, 0)) | own  # a real row sees up to itself
-        return (*self.draft(ids, accepted_aux, positions, slots, allowed), self.cache_parameters())
+        length = committed_len + accepted + 1
+        return (*self.draft(ids, accepted_aux, positions, slots, allowed), self.cache_parameters(), length)
 
     def cache_parameters(self):
         """The draft cache's (k, v) Parameters [B*Hkv*S, Dh]."""
@@ -172,9 +175,9 @@ class DraftTreeStep(FixedSignatureCall, nn.Cell):
         """(token [B], top-K logprob [B,K], target ids [B,K], hidden [B,H]) of the new last pair, kept; the
         selection in one kernel (``RootPair``) with the fused CPU kernels."""
         store = self.draft.root_pair
-        if self.root_kernel is not None:
-            return store.keep(*self.root_kernel(result, logprob, ids, hidden, store.token, store.logprob,
-                                                store.target_ids, store.hidden))
+        if self.root_kernel is not None:  # the kernel also overwrites the stored pair in place
+            return self.root_kernel(result, logprob, ids, hidden, store.token, store.logprob, store.target_ids,
+                                    store.hidden)
         accepted = result[:, ACCEPTED_COLUMN]                                # [B] A (-1: no step yet)
         emitted = result[:, token_columns(self.d)]                           # [B, D+1]
         fresh = accepted >= 0                                                # [B]

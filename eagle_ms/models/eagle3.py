@@ -278,8 +278,8 @@ class Eagle3Draft(nn.Cell):
         if self.kernel_extends(input_ids.shape[1]):
             if real_rows is None and last_row is not None:
                 real_rows = last_row + 1
-            (logprob, ids, hidden), _ = self.kernel_layer(True, input_ids, features, position_ids, cache_slots,
-                                                          attn_mask, real_rows, last_row)
+            (logprob, ids, hidden), _ = self.kernel_layer(True, input_ids, features, position_ids,
+                                                          self.cache_rows(cache_slots), attn_mask, real_rows, last_row)
         else:
             feature = self.fc(features.astype(self.fc.weight.dtype))
             logprob, ids, hidden = self.step(input_ids, feature, position_ids, cache_slots, attn_mask)
@@ -312,11 +312,16 @@ class Eagle3Draft(nn.Cell):
         """True when an extend call of ``rows`` rows runs the layer kernels (``kernel_layer``)."""
         return self.back_kernel is not None and rows <= KERNEL_EXTEND_ROWS
 
-    def kernel_layer(self, extend: bool, input_ids, features, position_ids, cache_slots, attn_mask, real_rows=None,
+    def cache_rows(self, cache_slots):
+        """cache_slots [B, N] -> the flat rows [B*N*Hkv] of the draft cache they name (``kv_cache.flat_rows``)."""
+        return flat_rows(cache_slots, self.config.num_key_value_heads, self.capacity)
+
+    def kernel_layer(self, extend: bool, input_ids, features, position_ids, cache_rows, attn_mask, real_rows=None,
                      first_row=None):
         """One draft call through the layer kernels (the 'cpu' kernels with attention over the cache in place):
         ``DraftExtendFront`` (extend: features [B,N,3Ht] through fc) or ``DraftFront`` (expand: features
-        [B,N,H]), the rows' K/V written at ``cache_slots``, then ``DraftBack`` over the updated cache. Only the
+        [B,N,H]), the rows' K/V written at the flat ``cache_rows`` (``cache_rows``), then ``DraftBack`` over the
+        updated cache. Only the
         first ``real_rows`` [B] rows are computed (zeros for the rest; None: all N), and of them only rows from
         ``first_row`` [B] on get outputs (None: all; the K/V of every real row reach the cache). Returns
         ((logprob, ids, hidden) as ``step`` does, the updated caches (k, v) [B*Hkv*S, Dh]: reading them orders
@@ -334,7 +339,7 @@ class Eagle3Draft(nn.Cell):
         else:
             feature = features.astype(ms.float32)
             q, k, v = self.front_kernel(ids, feature, positions, inv_freq, real, *weights)
-        caches = attn.kv_cache.write(k, v, flat_rows(cache_slots, self.config.num_key_value_heads, self.capacity))
+        caches = attn.kv_cache.write(k, v, cache_rows)
         first = ops.zeros((b,), ms.int32) if first_row is None else first_row.astype(ms.int32)
         return self.back_kernel(q, feature, attn_mask, real, first, *caches, *weights), caches
 
@@ -392,4 +397,4 @@ class Eagle3Expand(nn.Cell):
         draft = self.draft
         if draft.back_kernel is None:
             return draft.step(input_ids, hidden, position_ids, cache_slots, attn_mask)
-        return draft.kernel_layer(False, input_ids, hidden, position_ids, cache_slots, attn_mask)[0]
+        return draft.kernel_layer(False, input_ids, hidden, position_ids, draft.cache_rows(cache_slots), attn_mask)[0]

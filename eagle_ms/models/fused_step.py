@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from mindspore import nn
 
-from eagle_ms.models.draft_tree_step import ACCEPTED_COLUMN, OUTPUT_NAMES
+from eagle_ms.models.draft_tree_step import OUTPUT_NAMES
 from eagle_ms.models.fixed_call import FixedSignatureCall
 
 # the DraftTreeStep outputs the verify graph takes, by position
@@ -40,7 +40,7 @@ class FusedTreeStep(FixedSignatureCall, nn.Cell):
 
     def construct(self, result, accepted_aux, committed_len):
         tree = self.draft_step(result, accepted_aux, committed_len)
-        length = committed_len + result[:, ACCEPTED_COLUMN] + 1
+        length = tree[POSITION_IDS][:, 0]  # the root's position: L' = committed_len + A + 1
         verified = self.verify_step(tree[TOKENS], tree[POSITION_IDS], tree[TREE_MASK], tree[PATHS],
                                     tree[PATH_LENGTHS], length)
         if self.with_tree:

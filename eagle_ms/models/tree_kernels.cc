@@ -101,44 +101,54 @@ extern "C" int TreeGrow(int nparam, void **params, int *ndims, int64_t **shapes,
   return 0;
 }
 
-// ExtendInputs(result [B, 2D+3] i32, committed_len [B] i32, settings [3] i32, columns [X+W] i32 (shape only))
-//   -> (ids [B, D+1] i32, positions [B, D+1] i32, slots [B, D+1] i32, allowed [B, D+1, X+W] bool).
+// ExtendInputs(result [B, 2D+3] i32, committed_len [B] i32, settings [3] i32, columns [X+W] i32 (shape only),
+//              heads [Hkv] i32 (shape only))
+//   -> (ids [B, D+1] i32, positions [B, D+1] i32, cache_rows [B*(D+1)*Hkv] i32, allowed [B, D+1, X+W] bool,
+//       A [B] i32, real rows max(A + 1, 0) [B] i32, L' = L + A + 1 [B] i32).
 // The draft extend's rows (eagle_ms/models/draft_tree_step.py ``DraftTreeStep.extend``): settings = (X
-// scratch slots, draft cache capacity, context window w or 0 = unbounded). Row i <= A (A = result[:, 0],
-// the emitted tokens in columns 1..D+1) is pair L + i: token emitted[i], position L + i, slot X + L + i,
-// and it sees the pairs [max(L + i + 1 - w, 0), L + i + 1) (its own included). A padding row i > A
-// writes scratch slot i at position L with token 0 and sees only that slot. Slots are clamped to the
-// cache.
+// scratch slots, draft cache capacity S, context window w or 0 = unbounded). Row i <= A (A =
+// result[:, 0], the emitted tokens in columns 1..D+1) is pair L + i: token emitted[i], position L + i, slot
+// X + L + i, and it sees the pairs [max(L + i + 1 - w, 0), L + i + 1) (its own included). A padding row
+// i > A writes scratch slot i at position L with token 0 and sees only that slot. Slots are clamped to the
+// cache. cache_rows are the slots' flat cache rows, order (b, i, h): (b * Hkv + h) * S + slot
+// (eagle_ms/models/kv_cache.py ``flat_rows``).
 extern "C" int ExtendInputs(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                             void *, void *) {
-  static const char *const want[] = {"int32", "int32", "int32", "int32", "int32", "int32", "int32", "bool"};
-  if (nparam != 8) return 1;
-  if (!dtypes_are(dtypes, want, 8)) return 2;
-  if (ndims[0] != 2 || ndims[3] != 1) return 3;
-  const int64_t b = shapes[0][0], rows = (shapes[0][1] - 1) / 2, width = shapes[3][0];
-  if (shapes[0][1] < 5 || shapes[0][1] % 2 == 0 || element_count(ndims[1], shapes[1]) != b ||
-      element_count(ndims[2], shapes[2]) != 3 || element_count(ndims[4], shapes[4]) != b * rows ||
-      element_count(ndims[5], shapes[5]) != b * rows || element_count(ndims[6], shapes[6]) != b * rows ||
-      element_count(ndims[7], shapes[7]) != b * rows * width)
+  static const char *const want[] = {"int32", "int32", "int32", "int32", "int32", "int32", "int32", "int32", "bool",
+                                     "int32", "int32", "int32"};
+  if (nparam != 12) return 1;
+  if (!dtypes_are(dtypes, want, 12)) return 2;
+  if (ndims[0] != 2 || ndims[3] != 1 || ndims[4] != 1) return 3;
+  const int64_t b = shapes[0][0], rows = (shapes[0][1] - 1) / 2, width = shapes[3][0], heads = shapes[4][0];
+  if (shapes[0][1] < 5 || shapes[0][1] % 2 == 0 || heads < 1 || element_count(ndims[1], shapes[1]) != b ||
+      element_count(ndims[2], shapes[2]) != 3 || element_count(ndims[5], shapes[5]) != b * rows ||
+      element_count(ndims[6], shapes[6]) != b * rows || element_count(ndims[7], shapes[7]) != b * rows * heads ||
+      element_count(ndims[8], shapes[8]) != b * rows * width || element_count(ndims[9], shapes[9]) != b ||
+      element_count(ndims[10], shapes[10]) != b || element_count(ndims[11], shapes[11]) != b)
     return 3;
   const int32_t *result = static_cast<const int32_t *>(params[0]);
   const int32_t *committed_len = static_cast<const int32_t *>(params[1]);
   const int32_t *settings = static_cast<const int32_t *>(params[2]);
   const int64_t scratch = settings[0], capacity = settings[1], window = settings[2];
   if (scratch < 0 || capacity < 1) return 3;
-  int32_t *ids = static_cast<int32_t *>(params[4]), *positions = static_cast<int32_t *>(params[5]);
-  int32_t *slots = static_cast<int32_t *>(params[6]);
-  uint8_t *allowed = static_cast<uint8_t *>(params[7]);
+  int32_t *ids = static_cast<int32_t *>(params[5]), *positions = static_cast<int32_t *>(params[6]);
+  int32_t *cache_rows = static_cast<int32_t *>(params[7]), *accepted_out = static_cast<int32_t *>(params[9]);
+  int32_t *real_rows = static_cast<int32_t *>(params[10]), *next_length = static_cast<int32_t *>(params[11]);
+  uint8_t *allowed = static_cast<uint8_t *>(params[8]);
   for (int64_t r = 0; r < b; ++r) {
     const int32_t *row = result + r * (2 * rows + 1);
     const int64_t accepted = row[0], start = committed_len[r];
+    accepted_out[r] = static_cast<int32_t>(accepted);
+    real_rows[r] = static_cast<int32_t>(std::max<int64_t>(accepted + 1, 0));
+    next_length[r] = static_cast<int32_t>(start + accepted + 1);
     for (int64_t i = 0; i < rows; ++i) {
       const bool real = i <= accepted;
       const int64_t at = r * rows + i;
       const int64_t slot = std::min<int64_t>(real ? scratch + start + i : i, capacity - 1);
       ids[at] = real ? row[1 + i] : 0;
       positions[at] = static_cast<int32_t>(real ? start + i : start);
-      slots[at] = static_cast<int32_t>(slot);
+      for (int64_t h = 0; h < heads; ++h)
+        cache_rows[at * heads + h] = static_cast<int32_t>((r * heads + h) * capacity + slot);
       const int64_t upto = real ? start + i + 1 : 0, lo = window > 0 ? std::max<int64_t>(upto - window, 0) : 0;
       uint8_t *keep = allowed + at * width;
       for (int64_t col = 0; col < width; ++col) {
@@ -155,6 +165,9 @@ extern "C" int ExtendInputs(int nparam, void **params, int *ndims, int64_t **sha
 //   -> (token [B] i32, logprob [B, K] f32, target_ids [B, K] i32, hidden [B, H] f32).
 // The new last pair of the draft (``DraftTreeStep.root_pair``): with A = result[:, 0] >= 0, extend row A's
 // token (result column 1 + A), top-K and hidden; with A = -1 (no step yet) the stored pair unchanged.
+// The stored pair (the draft's ``RootPairStore`` Parameters) is overwritten in place with the new one, so
+// the graph needs no Assign per Parameter: nothing else in the draft graph reads them, and the next call
+// reads what this one wrote.
 extern "C" int RootPair(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                         void *, void *) {
   static const char *const want[] = {"int32", "float32", "int32", "float32", "int32", "float32", "int32",
@@ -187,6 +200,10 @@ extern "C" int RootPair(int nparam, void **params, int *ndims, int64_t **shapes,
     std::memcpy(ids + r * top, fresh ? target_ids + (r * rows + a) * top : kept_ids + r * top, sizeof(int32_t) * top);
     std::memcpy(hid + r * h, fresh ? hidden + (r * rows + a) * h : kept_hidden + r * h, sizeof(float) * h);
   }
+  std::memcpy(params[4], token, sizeof(int32_t) * b);  // the stored pair, in place
+  std::memcpy(params[5], lp, sizeof(float) * b * top);
+  std::memcpy(params[6], ids, sizeof(int32_t) * b * top);
+  std::memcpy(params[7], hid, sizeof(float) * b * h);
   return 0;
 }
 

@@ -10,15 +10,17 @@ One call of ``VerifyStep`` (per attention window W; the host picks the instance)
        (+ argmax [B, N] int32 when built with reference=True)
 
 With the fused CPU kernels (the teacher's ``kernels`` 'cpu') the mask is one ``VerifyMask`` kernel and the
-acceptance, the packing and the aux row ids one ``GreedyAccept`` kernel (eagle_ms/models/verify_kernels.cc).
+acceptance, the packing, the aux row ids and the commit one ``GreedyAccept`` kernel
+(eagle_ms/models/verify_kernels.cc).
 
 ``DecodeStep`` is the teacher-only step (the root alone at slot L): the same outputs from two inputs.
 
-No [B, N, V] or [B, N, 3Ht] tensor is an output. The commit is not in this graph: the host reads the
-result anyway, and when the accepted path is the chain-first prefix (node ids 0..A, the common case) the
-accepted K/V already sit at [L, L+A+1) and nothing moves. Only an out-of-order path costs a second call,
+No [B, N, V] or [B, N, 3Ht] tensor is an output. When the accepted path is the chain-first prefix (node
+ids 0..A, the common case) the accepted K/V already sit at [L, L+A+1) and nothing moves. An out-of-order
+path is moved by ``GreedyAccept`` itself, in place in the teacher's cache Parameters, after every layer
+read them (``VerifyStep.commits``); with the composite ops the graph does not commit, and the host calls
 the model's ``CacheMover`` graph (``BranchCache.commit_by_path``, eagle_ms/device_verify.py). Why:
-docs/architecture.md §"Device-resident step".
+docs/architecture.md §"Device-resident step", §"Kernels that write Parameters".
 """
 from __future__ import annotations
 
