@@ -103,7 +103,8 @@ def test_timing_arms_agree_and_are_timed(parts):
     verifier, device_tree, _ = parts
     out = fused_vs_two_calls(verifier, device_tree, PROMPT, warm_steps=2, repeats=2, rounds=2)
     assert out["results_equal"] is True
-    assert out["two_calls_ms"] > 0 and out["fused_ms"] > 0 and out["context"] > PROMPT.size
+    assert out["two_calls_ms"] > 0 and out["fused_ms"] > 0 and out["decode_ms"] > 0 and out["context"] > PROMPT.size
+    assert out["fused_over_decode"] == out["fused_ms"] / out["decode_ms"]
     assert verifier.runner.length == 0  # the runner is left reset
     with pytest.raises(ValueError, match="warm_steps=0"):
         fused_vs_two_calls(verifier, device_tree, PROMPT, warm_steps=0, repeats=1, rounds=1)
