@@ -8,9 +8,9 @@ The cache itself is a set of fixed-shape device Parameters (eagle_ms/models/kv_c
     only L advances;
   * ``commit_by_path(node_ids)``: gather the accepted nodes' K/V from ``L + node_ids`` and write them to
     ``[L, L+A+1)`` (one call of the model's ``CacheMover`` graph); when the path is already in order
-    (node_ids == 0..A, the prefix-sharing fast path) nothing is copied;
-  * ``commit_moved(node_ids)``: the same commit when the verify graph already moved the rows itself
-    (eagle_ms/models/verify_step.py with the fused CPU kernels): only L advances.
+    (node_ids == 0..A, the prefix-sharing fast path) nothing is copied; with ``moved=True`` a graph has
+    already moved the rows itself (eagle_ms/models/verify_step.py with the fused CPU kernels) and only L
+    advances.
 """
 from __future__ import annotations
 
@@ -74,26 +74,18 @@ class BranchCache:
         """The accepted chain is nodes 0..accepted, already in slots [L, L+accepted+1)."""
         self.length += accepted + 1
 
-    def commit_moved(self, node_ids: np.ndarray) -> bool:
-        """Commit accepted nodes (root first) whose K/V rows a graph already moved to [L, L+A+1). Returns
-        True when the path was out of slot order (a copy happened in the graph), for traces."""
-        node_ids = np.asarray(node_ids)
-        self.length += node_ids.size
-        if np.array_equal(node_ids, np.arange(node_ids.size)):
-            return False
-        self.copies += 1
-        return True
-
-    def commit_by_path(self, node_ids: np.ndarray) -> bool:
-        """Commit accepted nodes (root first). Returns True when a device copy was needed."""
+    def commit_by_path(self, node_ids: np.ndarray, moved: bool = False) -> bool:
+        """Commit accepted nodes (root first). Returns True when a device copy was needed (made here with the
+        CacheMover, or, with ``moved``, already made by the graph that verified them)."""
         node_ids = np.asarray(node_ids)
         if np.array_equal(node_ids, np.arange(node_ids.size)):  # prefix-sharing fast path: in order
             self.commit_by_length(node_ids.size - 1)
             return False
-        if self.mover is None:
-            raise RuntimeError("commit_by_path needs a CacheMover for out-of-order paths")
-        src, dst = path_move_slots(self.length, node_ids, self.width, self.capacity)
-        self.mover(Tensor(src[None]), Tensor(dst[None]))
+        if not moved:
+            if self.mover is None:
+                raise RuntimeError("commit_by_path needs a CacheMover for out-of-order paths")
+            src, dst = path_move_slots(self.length, node_ids, self.width, self.capacity)
+            self.mover(Tensor(src[None]), Tensor(dst[None]))
         self.length += node_ids.size
         self.copies += 1
         return True

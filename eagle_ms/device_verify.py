@@ -7,8 +7,8 @@ and fallback steps: the root alone) per attention window of the ``TeacherRunner`
 as ``TeacherRunner.attention_width(L + N)`` does, and commits through the runner's ``BranchCache``
 (L += A + 1; only an accepted path out of slot order moves K/V rows, the chain-first prefix moves
 nothing). With the fused CPU kernels the verify graph moves them itself, in its acceptance kernel
-(``VerifyStep.commits``; ``BranchCache.commit_moved``); otherwise the host calls the model's
-``CacheMover`` graph (``BranchCache.commit_by_path``).
+(``VerifyStep.commits``; ``BranchCache.commit_by_path(..., moved=True)``); otherwise the host calls the
+model's ``CacheMover`` graph (``BranchCache.commit_by_path``).
 
 Tree inputs come from host ``tree.tensorize`` (``TreeInputs.from_tree``) or straight from the draft
 graph's outputs (``TreeInputs(...)`` over its device tensors, which the host never reads). Reference mode
@@ -152,8 +152,7 @@ class DeviceVerifier:
         if argmax is not None and host is not None:
             _check_against_host(host, argmax, packed)
         a = packed.accepted_len
-        cache = self.runner.cache
-        copied = cache.commit_moved(packed.node_ids) if self.commits_in_graph else cache.commit_by_path(packed.node_ids)
+        copied = self.runner.cache.commit_by_path(packed.node_ids, moved=self.commits_in_graph)
         return DeviceStep(a, packed.tokens, packed.node_ids, copied, outputs[0], outputs[1], argmax)
 
     def aux_rows(self, step: DeviceStep) -> np.ndarray:

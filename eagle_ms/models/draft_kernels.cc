@@ -30,7 +30,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <functional>
 #include <iterator>
 #include <vector>
 
@@ -419,23 +418,6 @@ extern "C" int DraftBack(int nparam, void **params, int *ndims, int64_t **shapes
                hidden + row0 * L.h);
   }
   return 0;
-}
-
-// True when no further depth can change the final top-``budget`` (eagle_ms/drafting.py ``_can_stop``, the
-// exact early stop): the frontier is dead (a min_path_prob cut made its children invalid), or at least
-// ``budget`` valid candidates of the first ``created`` already score >= the best frontier score. A later
-// candidate descends from the frontier, so its score is <= that bound (log p <= 0, float32 rounding is
-// monotone), and it is created after every existing one: on a tie it ranks below them.
-static bool tree_can_stop(const float *s, const int32_t *valid, int64_t created, const float *front_scores,
-                          const int32_t *front_ids, int64_t k, int64_t budget, std::vector<float> &scratch) {
-  if (valid[front_ids[0]] == 0) return true;
-  scratch.clear();
-  for (int64_t i = 0; i < created; ++i) {
-    if (valid[i]) scratch.push_back(s[i]);
-  }
-  if (static_cast<int64_t>(scratch.size()) < budget) return false;
-  std::nth_element(scratch.begin(), scratch.begin() + (budget - 1), scratch.end(), std::greater<float>());
-  return scratch[budget - 1] >= *std::max_element(front_scores, front_scores + k);
 }
 
 // DraftTree(root_logprob [B, K], root_ids [B, K] i32, root_hidden [B, H], length [B] i32, inv_freq [Dh/2],

@@ -1,11 +1,13 @@
 // The EAGLE-2 tree bookkeeping per batch row, shared by the tree kernels (tree_kernels.cc: one kernel per
-// depth) and the draft tree kernel (draft_kernels.cc: every depth in one kernel), so that both grow the same
-// tree from the same log-probs. Candidate tables and frontier as tree_kernels.cc describes them.
+// depth) and the draft tree kernel (draft_kernels.cc: every depth in one kernel, with the exact early stop),
+// so that both grow the same tree from the same log-probs. Candidate tables and frontier as tree_kernels.cc
+// describes them.
 #ifndef EAGLE_MS_MODELS_TREE_MATH_H_
 #define EAGLE_MS_MODELS_TREE_MATH_H_
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace {
@@ -75,6 +77,24 @@ bool tree_grow_row(float *s, int32_t *ints, int64_t c, const float *fs, const in
     parent_rows[q] = static_cast<int32_t>(child / k);
   }
   return true;
+}
+
+// True when no further depth can change the final top-``budget`` (eagle_ms/drafting.py ``_can_stop``, the
+// exact early stop): the frontier is dead (a min_path_prob cut made its children invalid), or at least
+// ``budget`` valid candidates of the first ``created`` already score >= the best frontier score. A later
+// candidate descends from the frontier, so its score is <= that bound (log p <= 0, float32 rounding is
+// monotone), and it is created after every existing one: on a tie it ranks below them.
+// Used by the draft tree kernel (draft_kernels.cc ``DraftTree``) before each depth.
+bool tree_can_stop(const float *s, const int32_t *valid, int64_t created, const float *front_scores,
+                   const int32_t *front_ids, int64_t k, int64_t budget, std::vector<float> &scratch) {
+  if (valid[front_ids[0]] == 0) return true;
+  scratch.clear();
+  for (int64_t i = 0; i < created; ++i) {
+    if (valid[i]) scratch.push_back(s[i]);
+  }
+  if (static_cast<int64_t>(scratch.size()) < budget) return false;
+  std::nth_element(scratch.begin(), scratch.begin() + (budget - 1), scratch.end(), std::greater<float>());
+  return scratch[budget - 1] >= *std::max_element(front_scores, front_scores + k);
 }
 
 }  // namespace
