@@ -1,4 +1,5 @@
-"""CLI commands of the draft-training pipeline: ``regenerate``, ``preprocess``, ``build-vocab``, ``train-draft``.
+"""CLI commands of the draft-training pipeline: ``regenerate``, ``preprocess``, ``build-vocab``, ``narrow-draft``,
+``train-draft``.
 
 Registered by ``eagle_ms.cli.build_parser`` through ``add_parsers``; each command is argparse -> config ->
 one library call, with progress on stderr and a one-line JSON summary on stdout (docs/training.md).
@@ -84,6 +85,18 @@ def cmd_build_vocab(args) -> int:
     return 0
 
 
+def cmd_narrow_draft(args) -> int:
+    from eagle_ms.train.narrow_vocab import narrow_draft
+
+    try:
+        summary = narrow_draft(args.draft, args.vocab, args.out, dtype=args.dtype)
+    except ValueError as exc:  # CheckpointError is one
+        print(f"eagle-ms narrow-draft: error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary))
+    return 0
+
+
 def cmd_train_draft(args) -> int:
     from eagle_ms.bench.distributed import init_ranks, under_msrun
     from eagle_ms.config import load_config
@@ -162,6 +175,15 @@ def add_parsers(sub) -> None:
                    "trained with the old one becomes inconsistent)")
     v.add_argument("--vocab-size", type=int, help="target vocab size V when the data does not record it")
     v.set_defaults(func=cmd_build_vocab)
+
+    n = sub.add_parser("narrow-draft", help="a trained EAGLE-3 draft restricted to a smaller draft vocabulary (a "
+                       "subset of its own): the kept tokens' LM-head rows, every other weight unchanged")
+    n.add_argument("--draft", required=True, help="EAGLE-3 draft directory (model.safetensors + config.json)")
+    n.add_argument("--vocab", required=True, help="the smaller vocabulary (eagle-ms build-vocab --out)")
+    n.add_argument("--out", required=True, help="output draft directory")
+    n.add_argument("--dtype", choices=["float32", "float16", "bfloat16"],
+                   help="weights' dtype on disk (default: the draft's own)")
+    n.set_defaults(func=cmd_narrow_draft)
 
     t = sub.add_parser("train-draft", help="train the EAGLE-3 draft with training-time test (msrun: data parallel)")
     add_config_args(t)
