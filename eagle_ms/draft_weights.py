@@ -39,6 +39,7 @@ from eagle_ms.files import write_json_atomic
 from eagle_ms.hf_config import hf_aux_layer_ids, hf_bias, read_json_object
 from eagle_ms.models.eagle3 import Eagle3Config
 from eagle_ms.models.param_layout import checkpoint_slots, params_from_state, state_from_params
+from eagle_ms.models.weight_tiles import pack_tiles
 from eagle_ms.safetensors_format import CheckpointError, SafetensorsFile, check_float_tensor, write_safetensors
 from eagle_ms.weights import SINGLE_FILE
 
@@ -360,7 +361,7 @@ def load_draft_state(draft, state: dict, embed: np.ndarray | None = None) -> Non
     draft.d2t.set_data(Tensor(state["d2t"].astype(np.int32)))
     if draft.half_matrices is not None:
         for half, full in zip(draft.half_matrices.matrices(), draft.float_matrices()):
-            half.set_data(Tensor(full.asnumpy().astype(np.float16)))
+            half.set_data(Tensor(pack_tiles(full.asnumpy().astype(np.float16))))
     draft.t2d = state["t2d"].astype(bool)  # host-side only (training / analysis); not used by the graph
     if draft.shares_embedding:
         if embed is not None:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
+from eagle_ms.models.weight_tiles import unpack_tiles
 from eagle_ms.assets import DEMO_DIR
 from eagle_ms.config import SamplingParams, load_config
 from eagle_ms.device_drafter import DeviceTreeDrafter
@@ -164,7 +165,7 @@ def test_shipped_draft_kernels_read_float16_copies(session):
     _, stored = load_draft_checkpoint(spec.draft_path, session.cfg.model)
     assert draft.half_matrices is not None and spec.score_temperature != 1.0
     for half, full in zip(draft.half_matrices.matrices(), draft.float_matrices()):
-        np.testing.assert_array_equal(half.asnumpy().astype(np.float32), full.asnumpy())
+        np.testing.assert_array_equal(unpack_tiles(half.asnumpy()).astype(np.float32), full.asnumpy())
     np.testing.assert_array_equal(draft.lm_head.weight.asnumpy(), stored["lm_head.weight"].T)
     np.testing.assert_array_equal(draft.norm.weight.asnumpy(), (stored["norm.weight"].astype(np.float64)
                                                                  / spec.score_temperature).astype(np.float32))

@@ -19,6 +19,7 @@ import pytest
 import mindspore as ms
 from mindspore import Tensor
 
+from eagle_ms.models.weight_tiles import unpack_tiles
 from eagle_ms.draft_weights import draft_to_target, random_draft_state
 from eagle_ms.models.eagle3 import KERNEL_EXTEND_ROWS, Eagle3Config, Eagle3Draft, Eagle3Expand
 from eagle_ms.draft_weights import check_draft_state, load_draft_state
@@ -282,7 +283,7 @@ def test_float16_weight_copies_give_the_float32_kernels_bits():
     assert [p.dtype for p in half.draft.half_matrices.matrices()] == [ms.float16] * 6
     assert full.draft.half_matrices is None
     for h, f in zip(half.draft.half_matrices.matrices(), full.draft.float_matrices()):
-        np.testing.assert_array_equal(h.asnumpy().astype(np.float32), f.asnumpy())
+        np.testing.assert_array_equal(unpack_tiles(h.asnumpy()).astype(np.float32), f.asnumpy())
     cfg, rng = half.cfg, np.random.default_rng(23)
     n = 7
     toks, feats = rng.integers(0, 64, n), rng.standard_normal((n, 3 * cfg.target_hidden_size))

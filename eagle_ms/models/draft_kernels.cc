@@ -43,10 +43,12 @@
 
 namespace {
 
-// A weight matrix [in, out] (row-major) as a kernel input: float32, or float16 for weights that are exactly
-// float16 (eagle_ms/models/eagle3.py ``Eagle3Draft`` passes float16 copies then): every float16 value widens
-// to float32 exactly, so the products, and the results, are the same bits either way; float16 halves the bytes
-// that each depth streams through the cache.
+// A weight matrix [in, out] as a kernel input: float32 in row-major order (the Parameters themselves), or
+// float16 for weights that are exactly float16 (eagle_ms/models/eagle3.py ``Eagle3Draft`` passes float16
+// copies then), in tile-major order (``matmul_rows``; eagle_ms/models/weight_tiles.py writes it). Every float16
+// value widens to float32 exactly and the sums run in the same order, so the products, and the results, are
+// the same bits either way; float16 halves the bytes that each depth streams through the cache, and the
+// tile-major order makes them consecutive (docs/teacher_profile.md § "The draft's weights in tile order").
 struct Matrix {
   const void *data;
   bool half;
@@ -67,21 +69,37 @@ inline VecF load_weights(const _Float16 *p) {
 #endif
 }
 
-// y [n, out] = x [n, in] @ w [in, out] (row-major). Each y[r][j] is the sum over i in ascending order of
-// x[r][i] * w[i][j], one rounding per product and per add (the library is built with -ffp-contract=off), so
-// a row's result depends neither on n nor on the other rows. Rows go two at a time over 32-column tiles,
-// so that each weight vector loaded serves both.
-constexpr int64_t kTileVecs = 32 / kVecLanes;
+// y [n, out] = x [n, in] @ w [in, out] (w row-major, or tile-major for ``kPacked``). Each y[r][j] is the sum
+// over i in ascending order of x[r][i] * w[i][j], one rounding per product and per add (the library is built
+// with -ffp-contract=off), so a row's result depends neither on n nor on the other rows nor on the layout.
+// Rows go two at a time over 32-column tiles, so that each weight vector loaded serves both; a tile is read
+// down all ``in`` rows, which in tile-major order is one run of consecutive bytes.
+constexpr int64_t kTile = 32;
+constexpr int64_t kTileVecs = kTile / kVecLanes;
 
-template <typename W>
+// Where the weights of column tile j0 (j0 a multiple of kTile) start, and the distance between input rows
+// inside it: row-major [in, out] (``kPacked`` false) or tile-major (true: each tile's [in, kTile] block
+// contiguous, the tiles in column order, then the last out % kTile columns as [in, out % kTile]).
+template <bool kPacked, typename W>
+inline const W *tile_start(const W *w, int64_t j0, int64_t in, int64_t out, int64_t *stride) {
+  if (!kPacked) {
+    *stride = out;
+    return w + j0;
+  }
+  *stride = j0 + kTile <= out ? kTile : out - j0;
+  return w + j0 * in;
+}
+
+template <bool kPacked, typename W>
 void matmul_rows(const float *x, int64_t n, int64_t in, const W *w, int64_t out, float *y) {
-  int64_t j0 = 0;
-  for (; j0 + 32 <= out; j0 += 32) {
+  int64_t j0 = 0, stride = 0;
+  for (; j0 + kTile <= out; j0 += kTile) {
+    const W *tile = tile_start<kPacked>(w, j0, in, out, &stride);
     for (int64_t r0 = 0; r0 < n; r0 += 2) {
       const float *x0 = x + r0 * in, *x1 = x + std::min(r0 + 1, n - 1) * in;
       VecF a0[kTileVecs] = {}, a1[kTileVecs] = {};
       for (int64_t i = 0; i < in; ++i) {
-        const W *wi = w + i * out + j0;
+        const W *wi = tile + i * stride;
         const float s0 = x0[i], s1 = x1[i];
         for (int64_t u = 0; u < kTileVecs; ++u) {
           const VecF wv = load_weights(wi + u * kVecLanes);
@@ -95,10 +113,12 @@ void matmul_rows(const float *x, int64_t n, int64_t in, const W *w, int64_t out,
       }
     }
   }
-  for (; j0 < out; ++j0) {  // the last out % 32 columns one at a time, in the same order
+  if (j0 == out) return;
+  const W *rest = tile_start<kPacked>(w, j0, in, out, &stride);
+  for (; j0 < out; ++j0, ++rest) {  // the last out % kTile columns one at a time, in the same order
     for (int64_t r = 0; r < n; ++r) {
       float sum = 0.0f;
-      for (int64_t i = 0; i < in; ++i) sum += x[r * in + i] * static_cast<float>(w[i * out + j0]);
+      for (int64_t i = 0; i < in; ++i) sum += x[r * in + i] * static_cast<float>(rest[i * stride]);
       y[r * out + j0] = sum;
     }
   }
@@ -106,9 +126,9 @@ void matmul_rows(const float *x, int64_t n, int64_t in, const W *w, int64_t out,
 
 void matmul_rows(const float *x, int64_t n, int64_t in, const Matrix &w, int64_t out, float *y) {
   if (w.half) {
-    matmul_rows(x, n, in, static_cast<const _Float16 *>(w.data), out, y);
+    matmul_rows<true>(x, n, in, static_cast<const _Float16 *>(w.data), out, y);
   } else {
-    matmul_rows(x, n, in, static_cast<const float *>(w.data), out, y);
+    matmul_rows<false>(x, n, in, static_cast<const float *>(w.data), out, y);
   }
 }
 
