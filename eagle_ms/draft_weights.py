@@ -21,8 +21,7 @@ ignored. Every float tensor read from a file must be finite and plausible for it
 and the file.
 
 State dicts here map checkpoint keys to NumPy arrays (floats as float32, ``d2t`` int64, ``t2d`` bool).
-The draft Cell stores the matrices [in, out] with q/k/v and gate/up packed; eagle_ms/models/param_layout.py
-maps the keys above to them.
+The draft Cell stores the matrices [in, out], q/k/v and gate/up packed (eagle_ms/models/param_layout.py).
 """
 from __future__ import annotations
 
@@ -346,8 +345,8 @@ def not_float16(state: dict, cfg: Eagle3Config) -> list[str]:
 
 
 def load_draft_state(draft, state: dict, embed: np.ndarray | None = None) -> None:
-    """Set an ``Eagle3Draft``'s weights and d2t from a (checked) state; ``embed`` [V, H] fills an owned
-    (non-shared) embedding and must be None for a draft that shares the teacher's."""
+    """Set an ``Eagle3Draft``'s weights and d2t from a (checked) state (float16 kernel copies tile-major); ``embed``
+    [V, H] fills an owned embedding, None for a draft that shares the teacher's."""
     state = check_draft_state(state, draft.config, "<state>")
     if draft.half_matrices is not None:
         inexact = not_float16(state, draft.config)

@@ -186,11 +186,10 @@ class RootPairStore(nn.Cell):
 
 
 class HalfMatrices(nn.Cell):
-    """float16 copies of the draft's weight matrices (``Eagle3Draft.float_matrices``: fc, qkv, o, gate_up,
-    down, lm_head, same shapes, each in the tile-major order of eagle_ms/models/weight_tiles.py: read it back
-    with ``unpack_tiles``), which the layer kernels read in place of the float32 ones when the draft is
-    built with ``kernel_weight_dtype`` 'float16'. Only for weights that are exactly float16 (the shipped draft
-    is stored in float16; eagle_ms/draft_weights.py ``load_draft_state`` checks every value and fills these):
+    """float16 copies of the draft's weight matrices (``Eagle3Draft.float_matrices``: fc, qkv, o, gate_up, down,
+    lm_head; same shapes, tile-major order: eagle_ms/models/weight_tiles.py), read by the layer kernels in place
+    of the float32 ones when the draft is built with ``kernel_weight_dtype`` 'float16'. Only for weights that
+    are exactly float16 (the shipped draft is stored so; draft_weights.py ``load_draft_state`` checks, fills):
     the kernels widen each value back to the same float32, so their results are the same bits, and each draft
     depth streams half the bytes (docs/teacher_profile.md). Inference only; not checkpoint content."""
 
