@@ -1,10 +1,9 @@
 """Narrow a trained EAGLE-3 draft to a smaller draft vocabulary (``eagle-ms narrow-draft``).
 
-Every drafted token passes through the draft's LM head, ``lm_head.weight`` [Vd, H]; on the demo pair it is
-two fifths of the weights a drafted depth streams (docs/results.md §1t). When the answers use far fewer
-tokens than Vd (the demo pair's 1 981 training answers use 577 of its 2 048 draft tokens,
-eagle_ms/assets/demo/MODEL_CARD.md), a draft over the N most frequent of them drafts the same tokens with
-a smaller head.
+Every drafted depth runs the draft's LM head, ``lm_head.weight`` [Vd, H]: for the demo draft trained over
+2 048 draft tokens it was two fifths of the weights a depth reads, while its 1 981 training answers use 577
+distinct tokens (eagle_ms/assets/demo/MODEL_CARD.md; docs/results.md §1t). A draft over the N most frequent
+of them drafts the same tokens with a smaller head.
 
 Narrowing keeps, for every target id of the new vocabulary (``eagle-ms build-vocab --draft-vocab-size N``),
 the LM-head row the draft already has for it, in the new vocabulary's (ascending target id) order; every
