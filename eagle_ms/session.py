@@ -58,12 +58,14 @@ class Session:
             self._fused_steps[sampling] = FusedTreeSteps(self.device_tree, self.verifier(sampling))
         return self._fused_steps[sampling]
 
-    def warm_up(self) -> None:
+    def warm_up(self, two_calls: bool = False) -> None:
         """Compile every graph a generation will use (prefill chunk, N=1, N=budget+1 or the fused draft+verify
-        graphs, the draft graphs, cache mover; each twice, full and shallow, with ``speculative.shallow_depth``)."""
+        graphs, the draft graphs, cache mover; each twice, full and shallow, with ``speculative.shallow_depth``).
+        ``two_calls``: a fused session also compiles the two-call step's graphs (``run(two_calls=True)``)."""
         shallow = self.settings.shallow  # the low-acceptance tree's graphs too (speculative.shallow_depth)
-        sizes = {1, self.settings.budget + 1} if self.speculative and not self.fused else {1}
-        if shallow is not None and not self.fused:
+        apart = not self.fused or two_calls  # the verify graphs called on their own
+        sizes = {1, self.settings.budget + 1} if self.speculative and apart else {1}
+        if shallow is not None and apart:
             sizes.add(shallow.budget + 1)
         verifier = self.verifier(self.settings.sampling)
         if verifier is None:
@@ -77,7 +79,7 @@ class Session:
         for tree in trees if self.device_tree is not None else ():
             if self.fused:
                 self.fused_steps(self.settings.sampling).warm_up(tree)
-            else:
+            if apart:
                 self.device_tree.warm_up(params=tree)
 
     def make_drafter(self, prompt_ids, baseline_tokens=None) -> object | None:
@@ -102,10 +104,12 @@ class Session:
         self.run(prompt_ids, max_new_tokens=tokens)
         self.run(prompt_ids, drafter, max_new_tokens=tokens)
 
-    def run(self, prompt_ids, drafter=None, **overrides) -> GenerationResult:
-        """One generation; ``overrides`` replace fields of ``self.settings`` for this call only."""
+    def run(self, prompt_ids, drafter=None, two_calls: bool = False, **overrides) -> GenerationResult:
+        """One generation; ``overrides`` replace fields of ``self.settings`` for this call only. A fused
+        session verifies its device tree in the draft's graph call unless ``two_calls``: then as the
+        two-call device step (draft graph, verify graph: the same trees, the verify timed apart)."""
         settings = dataclasses.replace(self.settings, **overrides) if overrides else self.settings
-        if self.fused and drafter is self.device_tree:
+        if self.fused and drafter is self.device_tree and not two_calls:
             drafter = self.fused_steps(settings.sampling)  # the same draft, verified in the same graph call
         return generate(self.runner, np.asarray(prompt_ids, dtype=np.int32), settings, drafter,
                         self.verifier(settings.sampling))

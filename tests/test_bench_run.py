@@ -10,6 +10,8 @@
 - one writer per run directory: a run (or sweep) into a directory another process writes is refused
   before it writes anything; an unwritable --out is a clear error; a failed summary write leaves no
   temp file and the previous summary;
+- ``--step fused --verify-apart`` (random EAGLE-3 draft): each turn also runs the two-call step, which gives
+  the fused run's tokens; every drafted step carries its two-call stages, and the summary has t_ver;
 - an interrupted run resumes with `--resume`: finished turns are kept byte for byte, the rest give the
   same tokens as an uninterrupted run; a resume with another command is refused and changes nothing.
 """
@@ -415,3 +417,32 @@ def test_a_resume_with_another_command_is_refused_and_changes_nothing(smoke, dat
         main(["bench", *_bench_args(data_dir, run, "--resume", "--overwrite")])
     assert exit_info.value.code == 2
     assert "--resume keeps the run in --out and --overwrite replaces it" in capsys.readouterr().err
+
+
+def test_verify_apart_times_the_fused_runs_verify_on_the_same_steps(data_dir, tmp_path):
+    from eagle_ms.draft_weights import default_draft_config, random_draft_state, save_draft_checkpoint
+
+    draft = default_draft_config(load_config(TINY).model)
+    save_draft_checkpoint(random_draft_state(draft, 0, std=0.3), draft, str(tmp_path / "draft"))
+    out = str(tmp_path / "run")
+    args = ["--config", TINY, "--data-dir", data_dir, "--datasets", "humaneval", "--limit", "2", "--draft", "eagle3",
+            "--set", f"speculative.draft_path={tmp_path}/draft", "--step", "fused", "--verify-apart", "--budget", "8",
+            "--max-depth", "4", "--max-new-tokens", "16", "--warmup-tokens", "4", "--out", out]
+    assert main(["bench", *args]) == 0
+    traces = trace.read_traces(out)
+    assert len(traces) == 2
+    for h, steps in traces:
+        assert h["status"] == "ok" and h["exact"], h["errors"]
+        even = h["index"] % 2 == 0
+        assert h["order"] == (["baseline", "ea", "ea_two_calls"] if even else ["ea_two_calls", "ea", "baseline"])
+        assert h["ea_two_calls"]["same_tokens"] and h["ea_two_calls"]["tokens_per_s"] > 0
+        drafted = [s for s in steps if s["tree_nodes"] > 0]
+        assert drafted
+        for s in drafted:
+            assert "draft_verify" in s["stage_s"] and "verify" not in s["stage_s"]
+            assert {"draft", "verify"} <= set(s["two_calls_stage_s"])
+    with open(os.path.join(out, "summary.json"), encoding="utf-8") as fh:
+        summary = json.load(fh)
+    assert summary["run"]["verify_apart"] is True
+    assert summary["costs"]["t_ver_ms"] > 0 and summary["costs"]["efficiency"] > 0
+    assert summary["two_calls"]["turns"] == summary["two_calls"]["same_tokens"] == 2

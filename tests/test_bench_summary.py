@@ -173,6 +173,38 @@ def test_fused_steps_have_no_verify_time_of_their_own(tmp_path):
     assert "did not time the verify forward apart" in (tmp_path / "summary.md").read_text()
 
 
+def test_fused_steps_take_t_ver_from_the_two_call_run_of_the_same_steps(tmp_path):
+    """--verify-apart: each fused step carries the two-call step's stages of the same step; t_ver is their
+    verify stage, the overhead the fused stages minus it; the two-call run's own speedup and costs, and the
+    per-turn fused / two-call tok/s, are reported apart."""
+    run = str(tmp_path)
+    fused = [dict(step(a), stage_s={"draft_verify": 0.005, "commit": 0.001},
+                  two_calls_stage_s={"draft": 0.002, "verify": 0.004, "commit": 0.001}) for a in (2, 1)]
+    fused.append(step(0, nodes=0))  # a teacher-only step: in no cost
+    h = header("mt_bench-81-1", "mt_bench", 0, [1, 2, 3, 4], [1, 2, 3, 4], 100.0, 150.0)
+    h["ea_two_calls"] = {"n_tokens": 4, "total_s": 0.06, "prefill_s": 0.01, "tokens_per_s": 120.0,
+                         "stop_reason": "max_new_tokens", "verify_steps": 3, "tau": None, "fallback_bar": None,
+                         "same_tokens": True}
+    trace.write_turn_trace(run, h, fused)
+    s = summarize(run)
+    # t_dec (0.05 - 0.01) / 3 = 13.333 ms; tau_drafted (3 + 2) / 2 = 2.5; t_ver 4 ms -> bound 2.5 * 13.333 / 4
+    # = 8.333; fused speedup 1.5; overhead 6 - 4 = 2 ms per drafted step
+    assert s["costs"] == {"t_dec_ms": approx(40 / 3), "t_ver_ms": approx(4.0), "overhead_ms": approx(2.0),
+                          "overhead_over_t_dec": approx(0.15), "bound": approx(25 / 3),
+                          "efficiency": approx(1.5 / (25 / 3))}
+    two = s["two_calls"]
+    assert two["turns"] == 1 and two["same_tokens"] == 1
+    assert two["fused_over_two_calls"]["mean"] == approx(150 / 120)
+    assert two["speedup"]["mean"] == approx(1.2)  # 120 / 100
+    # two-call step: 7 ms of stages, verify 4 -> overhead 3 ms; efficiency 1.2 / 8.333
+    assert two["costs"]["overhead_ms"] == approx(3.0) and two["costs"]["efficiency"] == approx(1.2 / (25 / 3))
+    write_report(run, plots=False)
+    text = (tmp_path / "summary.md").read_text()
+    assert "## Fused step against the two-call step (--verify-apart)" in text
+    assert "1/1 turns gave the fused run's tokens" in text and "mean 1.250x" in text
+    assert "did not time the verify forward apart" not in text
+
+
 def test_teacher_only_steps_are_counted(tmp_path):
     run = str(tmp_path)
     trace.write_turn_trace(run, header("mt_bench-81-1", "mt_bench", 0, [1, 2, 3, 4], [1, 2, 3, 4], 100.0, 120.0),

@@ -126,6 +126,15 @@ def test_bench_profile_refuses_the_device_step(tmp_path):
     assert "Traceback" not in proc.stderr and not out.exists()
 
 
+def test_bench_verify_apart_refuses_a_step_that_is_not_fused(tmp_path):
+    """--verify-apart times a fused step's verify apart; any other step is a clear error, no run dir."""
+    out = tmp_path / "run"
+    proc = run_cli("bench", "--config", TINY, "--data-dir", str(tmp_path), "--out", str(out), "--verify-apart",
+                   "--draft", "test", "--step", "device")
+    assert proc.returncode == 2 and "--verify-apart" in proc.stderr and "--step fused" in proc.stderr
+    assert "got step device" in proc.stderr and "Traceback" not in proc.stderr and not out.exists()
+
+
 def test_decoding_flags_are_the_config_fields_they_set():
     import dataclasses
 

@@ -17,6 +17,9 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     add_decode_flags(p, drafts=("test", "eagle3"))
     p.add_argument("--profile", action="store_true",
                    help="finer stage split (mask construction); perturbs timing, not for headline numbers")
+    p.add_argument("--verify-apart", action="store_true",
+                   help="with speculative.step fused: also decode each turn as the two-call device step (the same "
+                        "trees) to time the verify forward apart: t_ver, overhead and efficiency of the fused run")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier run in --out")
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted run in --out with the same command: finished turns are kept "
@@ -67,6 +70,10 @@ def _prepare(args, parser, name: str):
                      f"{cfg.speculative.step} the "
                      "masks are built inside the graphs: profile those with scripts/profile_device_step.py "
                      "(kernels per graph) and scripts/time_device_draft.py, or pass --step host")
+    if args.verify_apart and (cfg.speculative.step != "fused" or cfg.speculative.draft != "eagle3"):
+        parser.error(f"--verify-apart times the verify forward of a fused step apart: it needs --step fused and "
+                     f"--draft eagle3 (got step {cfg.speculative.step}, draft {cfg.speculative.draft}); the "
+                     "host and device steps time their verify stage anyway")
     if args.resume and args.overwrite:
         parser.error("--resume keeps the run in --out and --overwrite replaces it: give one")
     setup_context(cfg)
@@ -74,7 +81,7 @@ def _prepare(args, parser, name: str):
     opts = BenchOptions(data_dir=args.data_dir, out=args.out, datasets=parse_datasets(args.datasets),
                         limit=args.limit, profile=args.profile, progress=not args.no_progress,
                         overwrite=args.overwrite, resume=args.resume, merge_timeout_s=args.merge_timeout,
-                        warmup_tokens=args.warmup_tokens, rank=rank, world_size=world,
+                        warmup_tokens=args.warmup_tokens, rank=rank, world_size=world, verify_apart=args.verify_apart,
                         command=_command_line(parser, args, name))
     return cfg, opts
 

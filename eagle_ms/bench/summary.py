@@ -13,6 +13,7 @@ import numpy as np
 
 from eagle_ms import trace
 from eagle_ms import metrics
+from eagle_ms.bench.turn import TWO_CALLS
 from eagle_ms.files import atomic_write
 
 STEP_STAGES = ("draft", "tensorize", "mask", "verify", "draft_verify", "accept", "commit", "observe")
@@ -58,15 +59,46 @@ def _stage_samples(ok: list[tuple[dict, list[dict]]]) -> dict:
     return {k: v for k, v in samples.items() if v}
 
 
+def _decode_seconds(ok) -> list[float]:
+    """Baseline decode seconds per token of each turn (wall time minus prefill, over the later tokens)."""
+    return [(h["baseline"]["total_s"] - h["baseline"]["prefill_s"]) / (h["baseline"]["n_tokens"] - 1)
+            for h, _ in ok if h["baseline"]["n_tokens"] > 1]
+
+
 def _costs(ok, tau_drafted, speedup_mean) -> dict:
-    """metrics.step_costs from the traces: baseline decode seconds per token, drafted steps' stages. Fused
-    steps (stage ``draft_verify``: draft and verify in one graph call) have no verify time of their own, so
-    t_ver, the overhead and the efficiency come only from steps that timed ``verify`` apart (None if none)."""
-    decode = [(h["baseline"]["total_s"] - h["baseline"]["prefill_s"]) / (h["baseline"]["n_tokens"] - 1)
-              for h, _ in ok if h["baseline"]["n_tokens"] > 1]
-    split = [s["stage_s"] for _, st in ok for s in st if s["tree_nodes"] > 0 and "verify" in s["stage_s"]]
-    return metrics.step_costs(decode, [d["verify"] for d in split],
-                              [sum(d.values()) - d["verify"] for d in split], tau_drafted, speedup_mean)
+    """metrics.step_costs from the traces: baseline decode seconds per token, drafted steps' stages. A fused
+    step (stage ``draft_verify``: draft and verify in one graph call) has no verify time of its own; with
+    ``--verify-apart`` (eagle_ms/bench/turn.py) it carries the two-call step's stages of the same step, whose
+    ``verify`` is its t_ver and its overhead is its own stages minus that. Steps with neither are left out
+    (t_ver, overhead, bound and efficiency None if no step is left)."""
+    verify, over = [], []
+    for _, st in ok:
+        for s in st:
+            stages = s["stage_s"]
+            t_ver = stages.get("verify", (s.get("two_calls_stage_s") or {}).get("verify"))
+            if s["tree_nodes"] > 0 and t_ver is not None:
+                verify.append(t_ver)
+                over.append(sum(stages.values()) - t_ver)
+    return metrics.step_costs(_decode_seconds(ok), verify, over, tau_drafted, speedup_mean)
+
+
+def _two_calls(ok, tau_drafted) -> dict | None:
+    """The --verify-apart runs against the fused runs of the same turns: how many gave the same tokens, the
+    per-turn ratio fused tok/s / two-call tok/s, the two-call step's own speedup and step costs; None when
+    the run has no --verify-apart records."""
+    turns = [(h, st) for h, st in ok if h.get(TWO_CALLS)]
+    if not turns:
+        return None
+    two = [h[TWO_CALLS] for h, _ in turns]
+    speedups = [metrics.speedup(t["tokens_per_s"], h["baseline"]["tokens_per_s"]) for t, (h, _) in zip(two, turns)]
+    stages = [s["two_calls_stage_s"] for _, st in turns for s in st if s["tree_nodes"] > 0 and "two_calls_stage_s" in s]
+    return {"turns": len(turns), "same_tokens": int(sum(t["same_tokens"] for t in two)),
+            "fused_over_two_calls": metrics.describe(h["ea"]["tokens_per_s"] / t["tokens_per_s"]
+                                                     for t, (h, _) in zip(two, turns) if t["tokens_per_s"] > 0),
+            "speedup": metrics.describe(v for v in speedups if v is not None),
+            "costs": metrics.step_costs(_decode_seconds(turns), [d["verify"] for d in stages],
+                                        [sum(d.values()) - d["verify"] for d in stages], tau_drafted,
+                                        metrics.describe(v for v in speedups if v is not None)["mean"])}
 
 
 def _table1(ok, flat_accept) -> dict:
@@ -129,6 +161,7 @@ def summarize(run_dir: str) -> dict:
         "teacher_only_steps": sum(s["tree_nodes"] == 0 for _, st in ok for s in st),
         "tau_drafted": tau_drafted,
         "costs": _costs(ok, tau_drafted, overall["table1"]["speedup"]["mean"]),
+        "two_calls": _two_calls(ok, tau_drafted),
         "accept_pos": [{"depth": d + 1, "share": v} for d, v in enumerate(overall["accept_pos"])],
         "accept_by_position": _accept_by_position(ok),
         "accept_after": metrics.accept_after([([s["accepted_len"] for s in st], [s["tree_nodes"] > 0 for s in st])
@@ -249,14 +282,27 @@ def render_markdown(s: dict) -> str:
               f"{fmt(c['bound'], 2, 'x')}; efficiency (mean speedup / bound) {fmt(c['efficiency'], 3)}."]
     if c["t_ver_ms"] is None and "draft_verify" in s["stages"]:
         lines += ["", "The drafted steps ran draft and verify in one graph call (`draft_verify`), so this run did not "
-                  "time the verify forward apart: t_ver, the overhead, the bound and the efficiency need t_ver from "
-                  "a `--step device` run of the same pair (docs/metrics.md)."]
+                  "time the verify forward apart: t_ver, the overhead, the bound and the efficiency need "
+                  "`--verify-apart` (docs/metrics.md)."]
+    lines += _md_two_calls(s.get("two_calls"))
     if s["failures"]:
         lines += ["", "## Failures", ""] + md_table(
             ["turn", "status", "phase", "error", "dump"],
             [[f["key"], f["status"], e["phase"], f"{e['error_type']}: {e['message'][:120]}".replace("|", "\\|"),
               e.get("dump") or ""] for f in s["failures"] for e in f["errors"]])
     return "\n".join(lines) + "\n"
+
+
+def _md_two_calls(two: dict | None) -> list[str]:
+    if two is None:
+        return []
+    r, c = two["fused_over_two_calls"], two["costs"]
+    return ["", "## Fused step against the two-call step (--verify-apart)", "",
+            f"{two['same_tokens']}/{two['turns']} turns gave the fused run's tokens; t_ver above is the two-call "
+            f"step's verify stage at the same steps. Per turn, fused tok/s / two-call tok/s: mean "
+            f"{fmt(r['mean'], 3, 'x')}, p50 {fmt(r['p50'], 3, 'x')}. Two-call step: speedup mean "
+            f"{fmt(two['speedup']['mean'], 2, 'x')}, overhead {fmt(c['overhead_ms'], 2)} ms "
+            f"({fmt(c['overhead_over_t_dec'], 2)} t_dec), efficiency {fmt(c['efficiency'], 3)}."]
 
 
 def write_report(run_dir: str, plots: bool = True) -> dict:
