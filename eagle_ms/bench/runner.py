@@ -13,6 +13,7 @@ Protocol (one process, or one rank of many):
      the baseline and the speculative decode back to back in the same process, alternating which goes
      first (turn index even: baseline first) so slow drift hits both alike; the drafter is built
      before its run and outside its timing (the test drafter needs a teacher-only pass to build);
+     with ``--verify-apart`` a third run times the fused step's verify apart (eagle_ms/bench/turn.py);
   3. MT-Bench turn k > 1 is asked after the previous turns and the BASELINE's answers to them, so both
      runs of a turn see the identical prompt and the comparison is per identical prompt;
   4. write ``traces/<key>.jsonl``; on any exception or invariant failure write ``failures/`` and

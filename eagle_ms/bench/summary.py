@@ -65,21 +65,25 @@ def _decode_seconds(ok) -> list[float]:
             for h, _ in ok if h["baseline"]["n_tokens"] > 1]
 
 
+def _step_costs(turns, timed: list[tuple[dict, float]], tau_drafted, speedup_mean) -> dict:
+    """metrics.step_costs of ``turns``' baseline decodes and the drafted steps ``timed``: (stage seconds,
+    t_ver) each, the overhead being the stages minus t_ver."""
+    return metrics.step_costs(_decode_seconds(turns), [t_ver for _, t_ver in timed],
+                              [sum(stages.values()) - t_ver for stages, t_ver in timed], tau_drafted, speedup_mean)
+
+
 def _costs(ok, tau_drafted, speedup_mean) -> dict:
-    """metrics.step_costs from the traces: baseline decode seconds per token, drafted steps' stages. A fused
-    step (stage ``draft_verify``: draft and verify in one graph call) has no verify time of its own; with
-    ``--verify-apart`` (eagle_ms/bench/turn.py) it carries the two-call step's stages of the same step, whose
-    ``verify`` is its t_ver and its overhead is its own stages minus that. Steps with neither are left out
-    (t_ver, overhead, bound and efficiency None if no step is left)."""
-    verify, over = [], []
+    """Step costs of the run's drafted steps. A fused step (stage ``draft_verify``: draft and verify in one
+    graph call) has no verify time of its own; with ``--verify-apart`` (eagle_ms/bench/turn.py) it carries
+    the two-call step's stages of the same step, whose ``verify`` is its t_ver. Steps with neither are left
+    out (t_ver, overhead, bound and efficiency None if no step is left)."""
+    timed = []
     for _, st in ok:
         for s in st:
-            stages = s["stage_s"]
-            t_ver = stages.get("verify", (s.get("two_calls_stage_s") or {}).get("verify"))
+            t_ver = s["stage_s"].get("verify", (s.get("two_calls_stage_s") or {}).get("verify"))
             if s["tree_nodes"] > 0 and t_ver is not None:
-                verify.append(t_ver)
-                over.append(sum(stages.values()) - t_ver)
-    return metrics.step_costs(_decode_seconds(ok), verify, over, tau_drafted, speedup_mean)
+                timed.append((s["stage_s"], t_ver))
+    return _step_costs(ok, timed, tau_drafted, speedup_mean)
 
 
 def _two_calls(ok, tau_drafted) -> dict | None:
@@ -89,16 +93,15 @@ def _two_calls(ok, tau_drafted) -> dict | None:
     turns = [(h, st) for h, st in ok if h.get(TWO_CALLS)]
     if not turns:
         return None
-    two = [h[TWO_CALLS] for h, _ in turns]
-    speedups = [metrics.speedup(t["tokens_per_s"], h["baseline"]["tokens_per_s"]) for t, (h, _) in zip(two, turns)]
-    stages = [s["two_calls_stage_s"] for _, st in turns for s in st if s["tree_nodes"] > 0 and "two_calls_stage_s" in s]
-    return {"turns": len(turns), "same_tokens": int(sum(t["same_tokens"] for t in two)),
-            "fused_over_two_calls": metrics.describe(h["ea"]["tokens_per_s"] / t["tokens_per_s"]
-                                                     for t, (h, _) in zip(two, turns) if t["tokens_per_s"] > 0),
-            "speedup": metrics.describe(v for v in speedups if v is not None),
-            "costs": metrics.step_costs(_decode_seconds(turns), [d["verify"] for d in stages],
-                                        [sum(d.values()) - d["verify"] for d in stages], tau_drafted,
-                                        metrics.describe(v for v in speedups if v is not None)["mean"])}
+    pairs = [(h["ea"], h["baseline"], h[TWO_CALLS]) for h, _ in turns]
+    speedup = metrics.describe(v for v in (metrics.speedup(t["tokens_per_s"], b["tokens_per_s"]) for _, b, t in pairs)
+                               if v is not None)
+    timed = [(s["two_calls_stage_s"], s["two_calls_stage_s"]["verify"]) for _, st in turns for s in st
+             if s["tree_nodes"] > 0 and "two_calls_stage_s" in s]
+    return {"turns": len(turns), "same_tokens": int(sum(t["same_tokens"] for _, _, t in pairs)),
+            "fused_over_two_calls": metrics.describe(e["tokens_per_s"] / t["tokens_per_s"]
+                                                     for e, _, t in pairs if t["tokens_per_s"] > 0),
+            "speedup": speedup, "costs": _step_costs(turns, timed, tau_drafted, speedup["mean"])}
 
 
 def _table1(ok, flat_accept) -> dict:
