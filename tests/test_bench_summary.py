@@ -198,10 +198,11 @@ def test_fused_steps_take_t_ver_from_the_two_call_run_of_the_same_steps(tmp_path
     assert two["speedup"]["mean"] == approx(1.2)  # 120 / 100
     # two-call step: 7 ms of stages, verify 4 -> overhead 3 ms; efficiency 1.2 / 8.333
     assert two["costs"]["overhead_ms"] == approx(3.0) and two["costs"]["efficiency"] == approx(1.2 / (25 / 3))
+    assert two["stage_ms"] == {"draft": approx(2.0), "verify": approx(4.0), "commit": approx(1.0)}
     write_report(run, plots=False)
     text = (tmp_path / "summary.md").read_text()
     assert "## Fused step against the two-call step (--verify-apart)" in text
-    assert "1/1 turns gave the fused run's tokens" in text and "mean 1.250x" in text
+    assert "1/1 turns gave the fused run's tokens" in text and "mean 1.250x" in text and "draft call 2.00 ms" in text
     assert "did not time the verify forward apart" not in text
 
 

@@ -88,8 +88,8 @@ def _costs(ok, tau_drafted, speedup_mean) -> dict:
 
 def _two_calls(ok, tau_drafted) -> dict | None:
     """The --verify-apart runs against the fused runs of the same turns: how many gave the same tokens, the
-    per-turn ratio fused tok/s / two-call tok/s, the two-call step's own speedup and step costs; None when
-    the run has no --verify-apart records."""
+    per-turn ratio fused tok/s / two-call tok/s, the two-call step's own speedup, step costs and mean stage
+    ms over its drafted steps; None when the run has no --verify-apart records."""
     turns = [(h, st) for h, st in ok if h.get(TWO_CALLS)]
     if not turns:
         return None
@@ -101,7 +101,9 @@ def _two_calls(ok, tau_drafted) -> dict | None:
     return {"turns": len(turns), "same_tokens": int(sum(t["same_tokens"] for _, _, t in pairs)),
             "fused_over_two_calls": metrics.describe(e["tokens_per_s"] / t["tokens_per_s"]
                                                      for e, _, t in pairs if t["tokens_per_s"] > 0),
-            "speedup": speedup, "costs": _step_costs(turns, timed, tau_drafted, speedup["mean"])}
+            "speedup": speedup, "costs": _step_costs(turns, timed, tau_drafted, speedup["mean"]),
+            "stage_ms": {name: 1e3 * float(np.mean([st.get(name, 0.0) for st, _ in timed]))
+                         for name in STEP_STAGES if any(name in st for st, _ in timed)}}
 
 
 def _table1(ok, flat_accept) -> dict:
@@ -304,7 +306,8 @@ def _md_two_calls(two: dict | None) -> list[str]:
             f"{two['same_tokens']}/{two['turns']} turns gave the fused run's tokens; t_ver above is the two-call "
             f"step's verify stage at the same steps. Per turn, fused tok/s / two-call tok/s: mean "
             f"{fmt(r['mean'], 3, 'x')}, p50 {fmt(r['p50'], 3, 'x')}. Two-call step: speedup mean "
-            f"{fmt(two['speedup']['mean'], 2, 'x')}, overhead {fmt(c['overhead_ms'], 2)} ms "
+            f"{fmt(two['speedup']['mean'], 2, 'x')}, draft call {fmt(two['stage_ms'].get('draft'), 2)} ms, "
+            f"overhead {fmt(c['overhead_ms'], 2)} ms "
             f"({fmt(c['overhead_over_t_dec'], 2)} t_dec), efficiency {fmt(c['efficiency'], 3)}."]
 
 
